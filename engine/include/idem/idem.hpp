@@ -1,0 +1,9 @@
+#pragma once
+
+// The whole public surface of idem in one include.
+
+#include <idem/projections/projection.hpp>
+#include <idem/projections/store.hpp>
+#include <idem/storage/envelope.hpp>
+#include <idem/storage/error.hpp>
+#include <idem/storage/lmdb.hpp>

@@ -1,0 +1,302 @@
+#pragma once
+
+// The projection model: a named read model with a state type, handlers per event
+// type, a key function (which rows an event changes) and an effect key (what makes
+// two deliveries the same business effect).
+//
+//   auto totals = idem::projection<order_total>("order-totals")
+//       .on<line_added>([](order_total& t, const line_added& e) { t.total += e.amount; ++t.lines; })
+//       .key([](const line_added& e) { return e.order_id; });
+//
+// States are serialized with cereal's portable binary archive; events are decoded
+// from the envelope's `data` with cereal's JSON archive, by the same serialize()
+// function. Handlers must be pure functions of (state, event): they run on a copy of
+// the state and may run again if a batch is retried after the map grew.
+
+#include <idem/storage/envelope.hpp>
+#include <idem/storage/error.hpp>
+
+#include <cereal/archives/json.hpp>
+#include <cereal/archives/portable_binary.hpp>
+#include <cereal/types/map.hpp>
+#include <cereal/types/string.hpp>
+#include <cereal/types/vector.hpp>
+
+#include <functional>
+#include <istream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <streambuf>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <typeindex>
+#include <vector>
+
+namespace idem {
+
+/// What a handler knows about the event besides its payload.
+struct meta {
+    std::string_view id;                    ///< CloudEvents id
+    std::string_view source;                ///< CloudEvents source
+    std::string_view type;                  ///< CloudEvents type
+    std::string_view subject;               ///< CloudEvents subject ("" if absent)
+    std::optional<std::uint64_t> sequence;  ///< position in the subject's stream
+    std::string_view time;                  ///< event time as given ("" if absent)
+    std::string_view key;                   ///< the aggregate key of the row being changed
+};
+
+/// One projection row as read back: its state and version.
+template <class State>
+struct row {
+    std::string key;                     ///< aggregate key
+    State state;                         ///< the read model
+    std::uint64_t version = 0;           ///< number of events applied to the row
+    std::uint64_t highest_sequence = 0;  ///< highest stream sequence applied (rows keyed by their own subject)
+};
+
+namespace detail {
+
+/// A type-erased projection state.
+class state_box {
+public:
+    virtual ~state_box() = default;
+    virtual std::unique_ptr<state_box> clone() const = 0;
+};
+
+template <class State>
+class typed_state final : public state_box {
+public:
+    State value{};
+    std::unique_ptr<state_box> clone() const override { return std::make_unique<typed_state>(*this); }
+};
+
+/// A read-only streambuf over bytes, so cereal can read a map view without copying it.
+class view_buf : public std::streambuf {
+public:
+    explicit view_buf(std::string_view bytes) {
+        char* p = const_cast<char*>(bytes.data());  // NOLINT: get area is never written
+        setg(p, p, p + bytes.size());
+    }
+};
+
+/// Decodes State from cereal portable binary bytes.
+template <class State>
+State load_state(std::string_view bytes) {
+    view_buf buf{bytes};
+    std::istream in{&buf};
+    cereal::PortableBinaryInputArchive archive{in};
+    State state{};
+    archive(state);
+    return state;
+}
+
+/// Encodes State as cereal portable binary bytes, appended to out.
+template <class State>
+void save_state(const State& state, std::string& out) {
+    std::ostringstream os;
+    {
+        cereal::PortableBinaryOutputArchive archive{os};
+        archive(state);
+    }
+    out.append(os.view());
+}
+
+/// Decodes an event payload (JSON text) into E through E's cereal serialize().
+template <class E>
+std::shared_ptr<const void> decode_event(std::string_view data) {
+    // Wrapping as {"e": data} lets cereal read E with any of its serialization forms.
+    std::string wrapped = "{\"e\":";
+    wrapped.append(data);
+    wrapped.push_back('}');
+    std::istringstream in{std::move(wrapped)};
+    cereal::JSONInputArchive archive{in};
+    auto event = std::make_shared<E>();
+    archive(cereal::make_nvp("e", *event));
+    return event;
+}
+
+// The first parameter type of a callable (lambdas with one non-generic operator()).
+template <class F>
+struct first_param : first_param<decltype(&F::operator())> {};
+template <class C, class R, class A, class... Rest>
+struct first_param<R (C::*)(A, Rest...) const> {
+    using type = std::remove_cvref_t<A>;
+};
+template <class C, class R, class A, class... Rest>
+struct first_param<R (C::*)(A, Rest...)> {
+    using type = std::remove_cvref_t<A>;
+};
+template <class R, class A, class... Rest>
+struct first_param<R (*)(A, Rest...)> {
+    using type = std::remove_cvref_t<A>;
+};
+
+template <class E>
+concept has_event_type = requires { std::string_view{E::event_type}; };
+
+/// Appends what a key function returned (one key, or several) to keys.
+template <class R>
+void collect_keys(R&& result, std::vector<std::string>& keys) {
+    if constexpr (std::is_convertible_v<R, std::string_view>) {
+        keys.emplace_back(std::string_view{result});
+    } else {
+        for (auto&& k : result) keys.emplace_back(std::string_view{k});
+    }
+}
+
+template <class F, class E>
+decltype(auto) call_with_meta(F& f, const E& e, const meta& m) {
+    if constexpr (std::is_invocable_v<F&, const E&, const meta&>) {
+        return f(e, m);
+    } else {
+        return f(e);
+    }
+}
+
+}  // namespace detail
+
+/// The type-erased interface the apply path uses; built by projection<State>.
+class projection_base {
+public:
+    using decoder = std::function<std::shared_ptr<const void>(std::string_view data)>;
+    using key_fn = std::function<void(const void* event, const meta& m, std::vector<std::string>& keys)>;
+    using effect_fn = std::function<std::string(const void* event, const meta& m)>;
+    using apply_fn = std::function<void(detail::state_box& state, const void* event, const meta& m)>;
+
+    /// One handled event type.
+    struct handler {
+        std::type_index event = typeid(void);
+        decoder decode;
+        apply_fn apply;
+    };
+
+    virtual ~projection_base() = default;
+
+    /// Returns the projection's name (its table is "proj/<name>").
+    const std::string& name() const noexcept { return name_; }
+    /// Returns the state format version written into every row record.
+    std::uint32_t state_version() const noexcept { return state_version_; }
+    /// Returns the handler for a CloudEvents type, or null if the projection ignores it.
+    const handler* find(std::string_view type) const {
+        auto it = handlers_.find(type);
+        return it == handlers_.end() ? nullptr : &it->second;
+    }
+    /// Computes the aggregate keys an event changes (default: its subject).
+    void keys(const handler& h, const void* event, const meta& m, std::vector<std::string>& out) const {
+        if (auto it = key_fns_.find(h.event); it != key_fns_.end()) {
+            it->second(event, m, out);
+        } else if (!m.subject.empty()) {
+            out.emplace_back(m.subject);
+        }
+    }
+    /// Computes the event's effect key, or nullopt for the default (the event id).
+    std::optional<std::string> effect_key(const handler& h, const void* event, const meta& m) const {
+        if (auto it = effect_fns_.find(h.event); it != effect_fns_.end()) {
+            return it->second(event, m);
+        }
+        return std::nullopt;
+    }
+
+    /// Returns a default-constructed state.
+    virtual std::unique_ptr<detail::state_box> make_state() const = 0;
+    /// Decodes a stored state written with state format version `version`.
+    virtual std::unique_ptr<detail::state_box> load(std::string_view bytes, std::uint32_t version) const = 0;
+    /// Appends the encoded state to out.
+    virtual void save(const detail::state_box& state, std::string& out) const = 0;
+
+protected:
+    explicit projection_base(std::string name) : name_(std::move(name)) {}
+
+    std::string name_;
+    std::uint32_t state_version_ = 1;
+    std::map<std::string, handler, std::less<>> handlers_;
+    std::map<std::type_index, key_fn> key_fns_;
+    std::map<std::type_index, effect_fn> effect_fns_;
+};
+
+/// A projection whose rows hold a State (default-constructible, cereal-serializable).
+template <class State>
+class projection final : public projection_base {
+public:
+    /// Names the projection; the name is part of the storage layout, keep it stable.
+    explicit projection(std::string name) : projection_base(std::move(name)) {}
+
+    /// Handles events of type `type` decoded as E with fn(State&, const E&[, const meta&]).
+    template <class E, class F>
+    projection& on(std::string type, F fn) & {
+        handler h;
+        h.event = typeid(E);
+        h.decode = &detail::decode_event<E>;
+        h.apply = [fn = std::move(fn)](detail::state_box& state, const void* event, const meta& m) mutable {
+            auto& s = static_cast<detail::typed_state<State>&>(state).value;
+            const auto& e = *static_cast<const E*>(event);
+            if constexpr (std::is_invocable_v<F&, State&, const E&, const meta&>) {
+                fn(s, e, m);
+            } else {
+                fn(s, e);
+            }
+        };
+        handlers_.insert_or_assign(std::move(type), std::move(h));
+        return *this;
+    }
+    /// Handles events of E's own type name (`static constexpr const char* event_type`).
+    template <detail::has_event_type E, class F>
+    projection& on(F fn) & {
+        return on<E>(std::string(E::event_type), std::move(fn));
+    }
+
+    /// Sets which rows an E changes: fn(const E&[, const meta&]) returns a key or a range of keys.
+    template <class F, class E = typename detail::first_param<F>::type>
+    projection& key(F fn) & {
+        key_fns_[typeid(E)] = [fn = std::move(fn)](const void* event, const meta& m, std::vector<std::string>& out) mutable {
+            detail::collect_keys(detail::call_with_meta(fn, *static_cast<const E*>(event), m), out);
+        };
+        return *this;
+    }
+    /// Sets the business idempotency key of an E: fn(const E&[, const meta&]) returns a string.
+    template <class F, class E = typename detail::first_param<F>::type>
+    projection& effect_key(F fn) & {
+        effect_fns_[typeid(E)] = [fn = std::move(fn)](const void* event, const meta& m) mutable {
+            return std::string(std::string_view{detail::call_with_meta(fn, *static_cast<const E*>(event), m)});
+        };
+        return *this;
+    }
+    /// Sets the state format version recorded in rows (raise it when State's encoding changes).
+    projection& state_version(std::uint32_t v) & {
+        state_version_ = v;
+        return *this;
+    }
+
+    // Rvalue overloads so a projection can be built and handed over in one expression.
+    template <class E, class F>
+    projection&& on(std::string type, F fn) && { return std::move(on<E>(std::move(type), std::move(fn))); }
+    template <detail::has_event_type E, class F>
+    projection&& on(F fn) && { return std::move(on<E>(std::move(fn))); }
+    template <class F>
+    projection&& key(F fn) && { return std::move(key(std::move(fn))); }
+    template <class F>
+    projection&& effect_key(F fn) && { return std::move(effect_key(std::move(fn))); }
+    projection&& state_version(std::uint32_t v) && { return std::move(state_version(v)); }
+
+    std::unique_ptr<detail::state_box> make_state() const override {
+        return std::make_unique<detail::typed_state<State>>();
+    }
+    std::unique_ptr<detail::state_box> load(std::string_view bytes, std::uint32_t version) const override {
+        if (version > state_version_) {
+            throw_error(errc::state_version_mismatch,
+                        "projection '" + name_ + "': row has state version " + std::to_string(version) +
+                            ", this code knows up to " + std::to_string(state_version_));
+        }
+        auto box = std::make_unique<detail::typed_state<State>>();
+        box->value = detail::load_state<State>(bytes);
+        return box;
+    }
+    void save(const detail::state_box& state, std::string& out) const override {
+        detail::save_state(static_cast<const detail::typed_state<State>&>(state).value, out);
+    }
+};
+
+}  // namespace idem

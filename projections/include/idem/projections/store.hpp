@@ -1,0 +1,212 @@
+#pragma once
+
+// The synchronous apply path: one consumer's projections over one LMDB environment.
+// apply() runs a batch of deliveries in ONE write transaction: inbox check, per-row
+// sequence and contributing-set guards, handlers on copies, all-or-nothing per event,
+// dead letters, inbox record, checkpoint, commit. Outcomes are returned only after the
+// commit succeeded (and, with durability::full, was synced).
+
+#include <idem/projections/projection.hpp>
+#include <idem/storage/lmdb.hpp>
+
+#include <array>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace idem {
+
+/// What happened to one delivery.
+enum class outcome_kind : std::uint8_t {
+    applied,            ///< at least one row changed
+    duplicate_message,  ///< the message id was already in the inbox
+    duplicate_event,    ///< every row it maps to already holds the effect (or the sequence)
+    parked,             ///< held until the missing earlier sequences of its stream arrive
+    dead_lettered,      ///< rejected with a reason, kept in the dead-letter table, counted
+    ignored,            ///< no projection of this consumer handles its type
+};
+
+/// Number of outcome kinds (for counters indexed by outcome_kind).
+inline constexpr std::size_t outcome_kinds = 6;
+
+/// Returns the stable text of an outcome kind ("applied", ...).
+std::string_view to_string(outcome_kind k) noexcept;
+
+/// The result of applying one delivery.
+struct outcome {
+    outcome_kind kind = outcome_kind::applied;
+    reason why = reason::none;  ///< set for dead_lettered
+    std::string detail;         ///< names the event and the cause for dead letters and duplicates
+    std::uint64_t commit = 0;   ///< the commit that recorded it (read-your-writes)
+};
+
+/// One delivery: the envelope as received, and the transport's message id if it has one.
+struct delivery {
+    std::string body;        ///< CloudEvents JSON text
+    std::string message_id;  ///< transport message id (Nats-Msg-Id, Idempotency-Key); "" to use the envelope's
+};
+
+/// A source position committed with the batch that consumed up to it.
+struct checkpoint {
+    std::string source;          ///< which source (a log path, a stream name)
+    std::uint64_t position = 0;  ///< how far it was consumed (byte offset, stream sequence)
+};
+
+/// What to do with an event whose sequence skips ahead of its stream.
+enum class gap_policy {
+    park,    ///< hold it until the gap fills, then apply in order (default)
+    apply,   ///< apply now; earlier sequences arriving later are duplicates
+    reject,  ///< dead-letter it as sequence_gap
+};
+
+/// One dead-lettered delivery.
+struct dead_letter {
+    std::uint64_t position = 0;  ///< order in the dead-letter table
+    reason why = reason::none;
+    std::string detail;
+    std::string message_id;
+    std::string body;
+    std::uint64_t time_ns = 0;  ///< when it was dead-lettered (Unix time, ns)
+};
+
+/// Counters of one consumer, durable (kept in the environment, updated with every batch).
+struct consumer_stats {
+    std::array<std::uint64_t, outcome_kinds> outcomes{};  ///< indexed by outcome_kind
+    std::uint64_t released = 0;                            ///< parked events applied once their gap filled
+    std::uint64_t batches = 0;                             ///< committed batches
+};
+
+/// Options of a store.
+struct store_options {
+    std::filesystem::path path{};                      ///< the LMDB environment directory
+    std::string consumer = "default";                  ///< consumer name: its inbox, checkpoints, dead letters
+    durability sync = durability::full;                ///< fsync policy
+    gap_policy gaps = gap_policy::park;                ///< sequence gap policy
+    std::size_t map_size = std::size_t{64} << 20;      ///< initial map size
+    std::size_t max_map_size = std::size_t{1} << 40;   ///< the map never grows past this (then: map_full)
+    /// Called inside the write transaction right before commit with the commit number; throwing aborts
+    /// the batch (tests use it to inject storage failures and to observe commit order).
+    std::function<void(std::uint64_t commit)> before_commit{};
+};
+
+class snapshot;
+
+/// One consumer's projections over an LMDB environment, applied synchronously.
+///
+/// Thread safety: apply() must not be called concurrently (one writer); snapshots may be
+/// taken and read from any thread at any time.
+class store {
+public:
+    /// Opens the environment and the consumer's tables. Throws std::system_error naming the path.
+    explicit store(store_options options);
+    ~store();
+    store(const store&) = delete;
+    store& operator=(const store&) = delete;
+
+    /// Adds a projection; all projections are added before the first apply().
+    template <class State>
+    store& add(projection<State>&& p) {
+        return add_projection(std::make_unique<projection<State>>(std::move(p)));
+    }
+
+    /// Applies a batch in one transaction and returns one outcome per delivery, in order.
+    /// Throws std::system_error if the batch could not be committed: then nothing of it is stored.
+    std::vector<outcome> apply(std::span<const delivery> batch, const std::optional<checkpoint>& at = std::nullopt);
+    /// Applies a single delivery (a batch of one).
+    outcome apply(const delivery& d);
+
+    /// Returns a snapshot of the committed state (usable from any thread).
+    snapshot read() const;
+    /// Returns the number of the last commit made by any writer (0: none).
+    std::uint64_t last_commit() const;
+    /// Returns the number of message ids the inbox holds.
+    std::size_t inbox_size() const;
+    /// Returns the environment.
+    const std::shared_ptr<environment>& env() const noexcept;
+    /// Returns the options the store was opened with.
+    const store_options& options() const noexcept;
+
+    struct impl;  ///< opaque: the implementation's state
+
+private:
+    store& add_projection(std::unique_ptr<projection_base> p);
+    std::unique_ptr<impl> impl_;
+};
+
+/// A consistent read-only view of an environment (LMDB snapshot isolation).
+///
+/// Take one per read, from any thread; it pins the pages it sees until destroyed, so do
+/// not keep it for long. It may be used from a process other than the writer's.
+class snapshot {
+public:
+    /// Opens a snapshot of the environment at path (read-only, e.g. from another process).
+    static snapshot open(const std::filesystem::path& path);
+    /// Takes a snapshot of an already open environment.
+    explicit snapshot(std::shared_ptr<environment> env);
+
+    /// Returns a row's state and version, or nullopt if the row does not exist.
+    template <class State>
+    std::optional<row<State>> get(std::string_view projection, std::string_view key) const {
+        auto raw = raw_row(projection, key);
+        if (!raw) return std::nullopt;
+        return row<State>{std::string(key), detail::load_state<State>(raw->state), raw->version, raw->highest_sequence};
+    }
+    /// Calls fn(row<State>) for every row of a projection, in key order.
+    template <class State, class F>
+    void scan(std::string_view projection, F&& fn) const {
+        scan_raw(projection, [&](const raw_row_view& r) {
+            fn(row<State>{std::string(r.key), detail::load_state<State>(r.state), r.version, r.highest_sequence});
+        });
+    }
+    /// Returns every row of a projection, in key order.
+    template <class State>
+    std::vector<row<State>> rows(std::string_view projection) const {
+        std::vector<row<State>> out;
+        scan<State>(projection, [&](row<State> r) { out.push_back(std::move(r)); });
+        return out;
+    }
+
+    /// A row before decoding: its key, version and encoded state (views valid while the snapshot lives).
+    struct raw_row_view {
+        std::string_view key;
+        std::uint64_t version = 0;
+        std::uint64_t highest_sequence = 0;
+        std::uint32_t state_version = 0;
+        std::string_view state;
+    };
+    /// Returns a row without decoding its state.
+    std::optional<raw_row_view> raw_row(std::string_view projection, std::string_view key) const;
+    /// Calls fn(raw_row_view) for every row of a projection, in key order.
+    void scan_raw(std::string_view projection, const std::function<void(const raw_row_view&)>& fn) const;
+    /// Returns the number of effect keys in a row's contributing set.
+    std::size_t contributors(std::string_view projection, std::string_view key) const;
+    /// Returns whether effect contributed to a row.
+    bool contributed(std::string_view projection, std::string_view key, std::string_view effect) const;
+
+    /// Returns the commit number this snapshot sees (0: nothing committed yet).
+    std::uint64_t commit() const;
+    /// Returns a consumer's checkpoint for a source, if it has one.
+    std::optional<std::uint64_t> checkpoint(std::string_view consumer, std::string_view source) const;
+    /// Returns a consumer's durable counters.
+    consumer_stats stats(std::string_view consumer) const;
+    /// Returns the number of ids in a consumer's inbox.
+    std::size_t inbox_size(std::string_view consumer) const;
+    /// Returns the number of events a consumer holds parked.
+    std::size_t parked(std::string_view consumer) const;
+    /// Returns a consumer's dead letters in the order they were recorded.
+    std::vector<dead_letter> dead_letters(std::string_view consumer) const;
+
+private:
+    std::optional<MDB_dbi> table(const std::string& name) const;
+
+    std::shared_ptr<environment> env_;
+    read_txn txn_;
+};
+
+}  // namespace idem

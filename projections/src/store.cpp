@@ -1,0 +1,651 @@
+#include <idem/projections/store.hpp>
+
+#include <idem/storage/codec.hpp>
+#include <idem/storage/inbox.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <set>
+
+namespace idem {
+
+std::string_view to_string(outcome_kind k) noexcept {
+    switch (k) {
+    case outcome_kind::applied: return "applied";
+    case outcome_kind::duplicate_message: return "duplicate_message";
+    case outcome_kind::duplicate_event: return "duplicate_event";
+    case outcome_kind::parked: return "parked";
+    case outcome_kind::dead_lettered: return "dead_lettered";
+    case outcome_kind::ignored: return "ignored";
+    }
+    return "unknown";
+}
+
+namespace {
+
+constexpr std::uint32_t storage_format = 1;
+constexpr std::string_view format_key = "format";
+constexpr std::string_view commit_key = "commit";
+
+std::string stats_key(std::string_view consumer) { return "stats/" + std::string(consumer); }
+
+std::uint64_t now_ns() {
+    return static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+            .count());
+}
+
+consumer_stats decode_stats(std::optional<std::string_view> v) {
+    consumer_stats s;
+    if (!v || v->size() < (outcome_kinds + 2) * 8) return s;
+    for (std::size_t i = 0; i < outcome_kinds; ++i) s.outcomes[i] = codec::get_u64_le(v->substr(i * 8));
+    s.released = codec::get_u64_le(v->substr(outcome_kinds * 8));
+    s.batches = codec::get_u64_le(v->substr((outcome_kinds + 1) * 8));
+    return s;
+}
+
+std::string encode_stats(const consumer_stats& s) {
+    std::string out;
+    for (auto n : s.outcomes) codec::put_u64_le(out, n);
+    codec::put_u64_le(out, s.released);
+    codec::put_u64_le(out, s.batches);
+    return out;
+}
+
+void put_str(std::string& out, std::string_view s) {
+    codec::put_u32_le(out, static_cast<std::uint32_t>(s.size()));
+    out.append(s);
+}
+
+std::string_view take_str(std::string_view& in) {
+    if (in.size() < 4) throw_error(errc::corrupt_record, "truncated record");
+    auto n = codec::get_u32_le(in);
+    if (in.size() - 4 < n) throw_error(errc::corrupt_record, "truncated record");
+    auto s = in.substr(4, n);
+    in.remove_prefix(4 + n);
+    return s;
+}
+
+std::string encode_dead_letter(reason why, std::string_view detail, std::string_view message_id,
+                               std::string_view body, std::uint64_t time_ns) {
+    std::string out;
+    out.push_back(static_cast<char>(why));
+    codec::put_u64_le(out, time_ns);
+    put_str(out, message_id);
+    put_str(out, detail);
+    out.append(body);
+    return out;
+}
+
+dead_letter decode_dead_letter(std::uint64_t position, std::string_view v) {
+    if (v.size() < 9) throw_error(errc::corrupt_record, "truncated dead letter");
+    dead_letter d;
+    d.position = position;
+    d.why = static_cast<reason>(static_cast<unsigned char>(v[0]));
+    d.time_ns = codec::get_u64_le(v.substr(1));
+    v.remove_prefix(9);
+    d.message_id = take_str(v);
+    d.detail = take_str(v);
+    d.body = v;
+    return d;
+}
+
+std::string parked_key(std::string_view subject, std::uint64_t sequence) {
+    return codec::contributor_key(subject, codec::u64_key(sequence));
+}
+
+std::string truncate(std::string_view s, std::size_t n = 64) {
+    if (s.size() <= n) return std::string(s);
+    return std::string(s.substr(0, n)) + "...";
+}
+
+}  // namespace
+
+struct store::impl {
+    store_options options;
+    std::shared_ptr<environment> env;
+    MDB_dbi meta = 0;
+    MDB_dbi streams = 0;
+    MDB_dbi parked = 0;
+    MDB_dbi dead = 0;
+    MDB_dbi checkpoints = 0;
+    std::unique_ptr<inbox> ids;
+    std::vector<std::unique_ptr<projection_base>> projections;
+    std::vector<MDB_dbi> tables;
+    envelope_parser parser;
+
+    std::vector<outcome> run(std::span<const delivery> batch, const std::optional<checkpoint>& at);
+};
+
+namespace {
+
+// The state of one batch while it is being applied; written out at the end, in key order.
+class batch_run {
+public:
+    batch_run(store::impl& s, write_txn& txn) : s_(s), txn_(txn) {}
+
+    outcome deliver(const delivery& d);
+    void finish(const std::optional<checkpoint>& at, std::uint64_t commit);
+
+    consumer_stats stats;
+
+private:
+    struct row_slot {
+        codec::row_header header;
+        std::unique_ptr<detail::state_box> state;
+        bool dirty = false;
+    };
+    struct staged_change {
+        std::size_t projection;
+        row_slot* slot;
+        std::unique_ptr<detail::state_box> state;
+        std::string contributor;
+        bool own_stream;
+    };
+
+    outcome process(const envelope& ev, std::string_view message_id, std::string_view body);
+    outcome apply_projections(const envelope& ev, std::string_view message_id, std::string_view body);
+    void release_parked(const std::string& subject);
+    outcome dead(reason why, std::string detail, std::string_view message_id, std::string_view body);
+    row_slot& load_row(std::size_t p, const std::string& key);
+    bool has_contributor(std::size_t p, const std::string& contributor_key) const;
+    std::uint64_t stream_highest(const std::string& subject);
+    std::optional<std::string> parked_value(const std::string& key) const;
+
+    store::impl& s_;
+    write_txn& txn_;
+    std::uint64_t time_ns_ = now_ns();
+    std::map<std::pair<std::size_t, std::string>, row_slot> rows_;
+    std::set<std::pair<std::size_t, std::string>> contributors_;
+    std::map<std::string, std::uint64_t> streams_;
+    std::set<std::string> dirty_streams_;
+    std::map<std::string, std::optional<std::string>> parked_;  // nullopt: deleted in this batch
+    std::vector<std::string> dead_letters_;
+};
+
+outcome batch_run::dead(reason why, std::string detail, std::string_view message_id, std::string_view body) {
+    dead_letters_.push_back(encode_dead_letter(why, detail, message_id, body, time_ns_));
+    return outcome{outcome_kind::dead_lettered, why, std::move(detail), 0};
+}
+
+outcome batch_run::deliver(const delivery& d) {
+    envelope ev;
+    parse_error err;
+    if (!s_.parser.parse(d.body, ev, err)) {
+        // Without a valid envelope only a transport id can identify a redelivery.
+        std::string message_id;
+        if (!d.message_id.empty()) {
+            message_id = transport_message_id(d.message_id);
+            if (s_.ids->contains(txn_, message_id)) {
+                return outcome{outcome_kind::duplicate_message, reason::none, "message already processed", 0};
+            }
+            s_.ids->stage(message_id, time_ns_);
+        }
+        return dead(err.why, "malformed event: " + err.detail, message_id, d.body);
+    }
+    std::string message_id = d.message_id.empty() ? ev.message_id() : transport_message_id(d.message_id);
+    if (s_.ids->contains(txn_, message_id)) {
+        return outcome{outcome_kind::duplicate_message, reason::none,
+                       describe(ev) + ": message '" + truncate(message_id.substr(1)) + "' already processed", 0};
+    }
+    s_.ids->stage(message_id, time_ns_);
+    return process(ev, message_id, d.body);
+}
+
+outcome batch_run::process(const envelope& ev, std::string_view message_id, std::string_view body) {
+    if (!ev.sequence) {
+        return apply_projections(ev, message_id, body);
+    }
+    auto seq = *ev.sequence;
+    if (parked_key(ev.subject, seq).size() > txn_.env().max_key_size()) {
+        return dead(reason::key_too_long,
+                    describe(ev) + ": subject of " + std::to_string(ev.subject.size()) +
+                        " bytes is too long to track its stream (limit ~500 bytes)",
+                    message_id, body);
+    }
+    auto highest = stream_highest(ev.subject);
+    if (seq <= highest) {
+        return outcome{outcome_kind::duplicate_event, reason::none,
+                       describe(ev) + ": sequence " + std::to_string(seq) + " of '" + truncate(ev.subject) +
+                           "' already applied (stream at " + std::to_string(highest) + ")",
+                       0};
+    }
+    if (seq > highest + 1) {
+        if (s_.options.gaps == gap_policy::reject) {
+            return dead(reason::sequence_gap,
+                        describe(ev) + ": sequence " + std::to_string(seq) + " of '" + truncate(ev.subject) +
+                            "' skips ahead of " + std::to_string(highest + 1),
+                        message_id, body);
+        }
+        if (s_.options.gaps == gap_policy::park) {
+            auto key = parked_key(ev.subject, seq);
+            if (auto existing = parked_value(key)) {
+                std::string_view rest = *existing;
+                take_str(rest);
+                envelope other;
+                parse_error err;
+                if (s_.parser.parse(rest, other, err) && other.event_id() == ev.event_id()) {
+                    return outcome{outcome_kind::duplicate_event, reason::none,
+                                   describe(ev) + ": already parked at sequence " + std::to_string(seq), 0};
+                }
+                return dead(reason::sequence_conflict,
+                            describe(ev) + ": sequence " + std::to_string(seq) + " of '" + truncate(ev.subject) +
+                                "' is already held by another event",
+                            message_id, body);
+            }
+            std::string value;
+            put_str(value, message_id);
+            value.append(body);
+            parked_[key] = std::move(value);
+            return outcome{outcome_kind::parked, reason::none,
+                           describe(ev) + ": sequence " + std::to_string(seq) + " of '" + truncate(ev.subject) +
+                               "' waits for " + std::to_string(highest + 1),
+                           0};
+        }
+    }
+    // A dead-lettered event still moves its stream on: it is kept for the operator, and
+    // holding every later event of the stream behind it would stall the aggregate.
+    auto result = apply_projections(ev, message_id, body);
+    streams_[ev.subject] = std::max(highest, seq);
+    dirty_streams_.insert(ev.subject);
+    release_parked(ev.subject);
+    return result;
+}
+
+void batch_run::release_parked(const std::string& subject) {
+    if (s_.options.gaps != gap_policy::park) return;
+    for (;;) {
+        auto highest = stream_highest(subject);
+        auto key = parked_key(subject, highest + 1);
+        auto value = parked_value(key);
+        if (!value) return;
+        parked_[key] = std::nullopt;
+        std::string_view rest = *value;
+        std::string message_id(take_str(rest));
+        envelope ev;
+        parse_error err;
+        if (!s_.parser.parse(rest, ev, err)) {
+            throw_error(errc::corrupt_record, "parked event of '" + subject + "' no longer parses: " + err.detail);
+        }
+        auto result = apply_projections(ev, message_id, rest);
+        ++stats.released;
+        streams_[subject] = highest + 1;
+        dirty_streams_.insert(subject);
+        if (result.kind == outcome_kind::dead_lettered) {
+            ++stats.outcomes[static_cast<std::size_t>(outcome_kind::dead_lettered)];
+        }
+    }
+}
+
+outcome batch_run::apply_projections(const envelope& ev, std::string_view message_id, std::string_view body) {
+    meta m{ev.id, ev.source, ev.type, ev.subject, ev.sequence, ev.time, {}};
+    std::vector<staged_change> staged;
+    std::vector<std::string> keys;
+    bool handled = false;
+    const std::string event_id = ev.event_id();
+    const auto limit = txn_.env().max_key_size();
+
+    for (std::size_t p = 0; p < s_.projections.size(); ++p) {
+        const auto& proj = *s_.projections[p];
+        const auto* h = proj.find(ev.type);
+        if (h == nullptr) continue;
+        handled = true;
+        const std::string where = describe(ev) + ", projection '" + proj.name() + "'";
+
+        std::shared_ptr<const void> decoded;
+        try {
+            decoded = h->decode(ev.data);
+        } catch (const std::exception& e) {
+            return dead(reason::decode_failed, where + ": data does not decode as " + ev.type + ": " + e.what(),
+                        message_id, body);
+        }
+        std::optional<std::string> effect;
+        keys.clear();
+        try {
+            proj.keys(*h, decoded.get(), m, keys);
+            effect = proj.effect_key(*h, decoded.get(), m);
+        } catch (const std::exception& e) {
+            return dead(reason::handler_failed, where + ": key function threw: " + e.what(), message_id, body);
+        }
+        if (keys.empty()) {
+            return dead(reason::missing_key, where + ": no aggregate key (the event has no subject)", message_id,
+                        body);
+        }
+        if (effect && effect->empty()) {
+            return dead(reason::missing_key, where + ": the effect key is empty", message_id, body);
+        }
+        std::sort(keys.begin(), keys.end());
+        keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+        for (const auto& key : keys) {
+            if (key.empty()) {
+                return dead(reason::missing_key, where + ": an aggregate key is empty", message_id, body);
+            }
+            auto contributor = codec::contributor_key(key, effect ? *effect : event_id);
+            if (contributor.size() > limit) {
+                return dead(reason::key_too_long,
+                            where + ": row key '" + truncate(key) + "' (" + std::to_string(key.size()) +
+                                " bytes) with its effect key (" +
+                                std::to_string(effect ? effect->size() : event_id.size()) +
+                                " bytes) exceeds LMDB's " + std::to_string(limit) + "-byte key limit",
+                            message_id, body);
+            }
+            auto& slot = load_row(p, key);
+            const bool own_stream = ev.sequence && key == ev.subject;
+            if (own_stream && *ev.sequence <= slot.header.highest_sequence) continue;
+            if (has_contributor(p, contributor)) continue;
+            auto copy = slot.state->clone();
+            m.key = key;
+            try {
+                h->apply(*copy, decoded.get(), m);
+            } catch (const std::exception& e) {
+                return dead(reason::handler_failed, where + ", row '" + truncate(key) + "': handler threw: " + e.what(),
+                            message_id, body);
+            }
+            staged.push_back(staged_change{p, &slot, std::move(copy), std::move(contributor), own_stream});
+        }
+    }
+    if (!handled) {
+        return outcome{outcome_kind::ignored, reason::none, describe(ev) + ": no projection handles " + ev.type, 0};
+    }
+    if (staged.empty()) {
+        return outcome{outcome_kind::duplicate_event, reason::none,
+                       describe(ev) + ": every row it maps to already holds its effect", 0};
+    }
+    // All handlers succeeded: only now does the event touch the batch's rows.
+    for (auto& c : staged) {
+        c.slot->state = std::move(c.state);
+        c.slot->header.applied += 1;
+        if (c.own_stream) c.slot->header.highest_sequence = std::max(c.slot->header.highest_sequence, *ev.sequence);
+        c.slot->dirty = true;
+        contributors_.emplace(c.projection, std::move(c.contributor));
+    }
+    return outcome{outcome_kind::applied, reason::none, {}, 0};
+}
+
+batch_run::row_slot& batch_run::load_row(std::size_t p, const std::string& key) {
+    auto [it, inserted] = rows_.try_emplace(std::pair{p, key});
+    auto& slot = it->second;
+    if (!inserted) return slot;
+    const auto& proj = *s_.projections[p];
+    if (auto record = txn_.get(s_.tables[p], codec::row_key(key))) {
+        auto decoded = codec::decode_row(*record);
+        slot.header = decoded.header;
+        slot.state = proj.load(decoded.state, decoded.header.state_version);
+    } else {
+        slot.header.state_version = proj.state_version();
+        slot.state = proj.make_state();
+    }
+    return slot;
+}
+
+bool batch_run::has_contributor(std::size_t p, const std::string& contributor_key) const {
+    if (contributors_.contains(std::pair{p, contributor_key})) return true;
+    return txn_.get(s_.tables[p], contributor_key).has_value();
+}
+
+std::uint64_t batch_run::stream_highest(const std::string& subject) {
+    if (auto it = streams_.find(subject); it != streams_.end()) return it->second;
+    std::uint64_t highest = 0;
+    if (auto v = txn_.get(s_.streams, subject); v && v->size() >= 8) highest = codec::get_u64_le(*v);
+    streams_.emplace(subject, highest);
+    return highest;
+}
+
+std::optional<std::string> batch_run::parked_value(const std::string& key) const {
+    if (auto it = parked_.find(key); it != parked_.end()) return it->second;
+    if (auto v = txn_.get(s_.parked, key)) return std::string(*v);
+    return std::nullopt;
+}
+
+void batch_run::finish(const std::optional<checkpoint>& at, std::uint64_t commit) {
+    std::string value;
+    // Rows and their contributors share one table and are written in key order, so a
+    // row and the effect keys added to it land on the same leaf page.
+    for (auto& [id, slot] : rows_) {
+        if (!slot.dirty) continue;
+        const auto& proj = *s_.projections[id.first];
+        slot.header.state_version = proj.state_version();
+        std::string state;
+        proj.save(*slot.state, state);
+        value.clear();
+        codec::encode_row(value, slot.header, state);
+        txn_.put(s_.tables[id.first], codec::row_key(id.second), value);
+    }
+    for (const auto& [p, key] : contributors_) {
+        txn_.put(s_.tables[p], key, {});
+    }
+    s_.ids->write(txn_);
+    if (!dead_letters_.empty()) {
+        cursor c{txn_, s_.dead};
+        auto last = c.last();
+        std::uint64_t position = last ? codec::get_u64_be(last->first) + 1 : 1;
+        for (const auto& d : dead_letters_) txn_.put(s_.dead, codec::u64_key(position++), d, MDB_APPEND);
+    }
+    for (const auto& subject : dirty_streams_) {
+        value.clear();
+        codec::put_u64_le(value, streams_[subject]);
+        txn_.put(s_.streams, subject, value);
+    }
+    for (const auto& [key, v] : parked_) {
+        if (v) {
+            txn_.put(s_.parked, key, *v);
+        } else {
+            txn_.del(s_.parked, key);
+        }
+    }
+    if (at) {
+        value.clear();
+        codec::put_u64_le(value, at->position);
+        txn_.put(s_.checkpoints, at->source, value);
+    }
+    stats.batches += 1;
+    txn_.put(s_.meta, stats_key(s_.options.consumer), encode_stats(stats));
+    value.clear();
+    codec::put_u64_le(value, commit);
+    txn_.put(s_.meta, commit_key, value);
+}
+
+}  // namespace
+
+std::vector<outcome> store::impl::run(std::span<const delivery> batch, const std::optional<checkpoint>& at) {
+    write_txn txn{*env};
+    ids->catch_up(txn);
+    std::uint64_t commit = 1;
+    if (auto v = txn.get(meta, commit_key); v && v->size() >= 8) commit = codec::get_u64_le(*v) + 1;
+
+    batch_run run{*this, txn};
+    run.stats = decode_stats(txn.get(meta, stats_key(options.consumer)));
+    std::vector<outcome> outcomes;
+    outcomes.reserve(batch.size());
+    for (const auto& d : batch) {
+        outcomes.push_back(run.deliver(d));
+        outcomes.back().commit = commit;
+        ++run.stats.outcomes[static_cast<std::size_t>(outcomes.back().kind)];
+    }
+    run.finish(at, commit);
+    if (options.before_commit) options.before_commit(commit);
+    txn.commit();
+    ids->committed();
+    return outcomes;
+}
+
+store::store(store_options options) : impl_(std::make_unique<impl>()) {
+    if (options.consumer.empty() || options.consumer.find('/') != std::string::npos) {
+        throw_error(errc::invalid_argument, "consumer name '" + options.consumer + "' must be non-empty without '/'");
+    }
+    impl_->options = std::move(options);
+    auto& o = impl_->options;
+    environment_options eo;
+    eo.map_size = std::min(o.map_size, o.max_map_size);
+    eo.sync = o.sync;
+    impl_->env = environment::open(o.path, eo);
+    auto& env = *impl_->env;
+    impl_->meta = env.table("meta");
+    {
+        write_txn txn{env};
+        auto v = txn.get(impl_->meta, format_key);
+        if (!v) {
+            std::string value;
+            codec::put_u32_le(value, storage_format);
+            txn.put(impl_->meta, format_key, value);
+            txn.commit();
+        } else if (v->size() != 4 || codec::get_u32_le(*v) != storage_format) {
+            throw_error(errc::format_mismatch, "'" + o.path.string() + "' holds storage format " +
+                                                   (v->size() == 4 ? std::to_string(codec::get_u32_le(*v)) : "?") +
+                                                   ", this build reads format " + std::to_string(storage_format));
+        }
+    }
+    impl_->streams = env.table("streams/" + o.consumer);
+    impl_->parked = env.table("parked/" + o.consumer);
+    impl_->dead = env.table("deadletter/" + o.consumer);
+    impl_->checkpoints = env.table("checkpoint/" + o.consumer);
+    impl_->ids = std::make_unique<inbox>(env, o.consumer);
+}
+
+store::~store() = default;
+
+store& store::add_projection(std::unique_ptr<projection_base> p) {
+    for (const auto& existing : impl_->projections) {
+        if (existing->name() == p->name()) {
+            throw_error(errc::invalid_argument, "projection '" + p->name() + "' added twice");
+        }
+    }
+    if (p->name().empty() || p->name().find('/') != std::string::npos) {
+        throw_error(errc::invalid_argument, "projection name '" + p->name() + "' must be non-empty without '/'");
+    }
+    impl_->tables.push_back(impl_->env->table("proj/" + p->name()));
+    impl_->projections.push_back(std::move(p));
+    return *this;
+}
+
+std::vector<outcome> store::apply(std::span<const delivery> batch, const std::optional<checkpoint>& at) {
+    for (;;) {
+        try {
+            return impl_->run(batch, at);
+        } catch (const std::system_error& e) {
+            impl_->ids->rolled_back();
+            // The transaction is gone (aborted by unwinding): grow with none live, then redo it all.
+            if (e.code() == errc::map_full && impl_->env->map_size() * 2 <= impl_->options.max_map_size) {
+                impl_->env->grow();
+                continue;
+            }
+            throw;
+        } catch (...) {
+            impl_->ids->rolled_back();
+            throw;
+        }
+    }
+}
+
+outcome store::apply(const delivery& d) { return apply(std::span<const delivery>(&d, 1)).front(); }
+
+snapshot store::read() const { return snapshot{impl_->env}; }
+
+std::uint64_t store::last_commit() const { return read().commit(); }
+
+std::size_t store::inbox_size() const { return impl_->ids->size(); }
+
+const std::shared_ptr<environment>& store::env() const noexcept { return impl_->env; }
+
+const store_options& store::options() const noexcept { return impl_->options; }
+
+// --- snapshot ---------------------------------------------------------------
+
+snapshot snapshot::open(const std::filesystem::path& path) {
+    environment_options eo;
+    eo.read_only = true;
+    return snapshot{environment::open(path, eo)};
+}
+
+snapshot::snapshot(std::shared_ptr<environment> env)
+    : env_((env->refresh_tables(), std::move(env))), txn_(*env_) {}
+
+std::optional<MDB_dbi> snapshot::table(const std::string& name) const { return env_->try_table(name); }
+
+std::optional<snapshot::raw_row_view> snapshot::raw_row(std::string_view projection, std::string_view key) const {
+    auto t = table("proj/" + std::string(projection));
+    if (!t) throw_error(errc::unknown_projection, "no projection '" + std::string(projection) + "' in '" +
+                                                       env_->path().string() + "'");
+    auto v = txn_.get(*t, codec::row_key(key));
+    if (!v) return std::nullopt;
+    auto r = codec::decode_row(*v);
+    return raw_row_view{key, r.header.applied, r.header.highest_sequence, r.header.state_version, r.state};
+}
+
+void snapshot::scan_raw(std::string_view projection, const std::function<void(const raw_row_view&)>& fn) const {
+    auto t = table("proj/" + std::string(projection));
+    if (!t) throw_error(errc::unknown_projection, "no projection '" + std::string(projection) + "' in '" +
+                                                       env_->path().string() + "'");
+    cursor c{txn_, *t};
+    for (auto e = c.first(); e;) {
+        auto k = codec::decode_table_key(e->first);
+        if (!k) throw_error(errc::corrupt_record, "unreadable key in projection '" + std::string(projection) + "'");
+        if (!k->is_row) {
+            // Skip the rest of this row's contributing set in one seek.
+            e = c.seek(codec::after_contributors(k->aggregate));
+            continue;
+        }
+        auto r = codec::decode_row(e->second);
+        fn(raw_row_view{k->aggregate, r.header.applied, r.header.highest_sequence, r.header.state_version, r.state});
+        e = c.next();
+    }
+}
+
+std::size_t snapshot::contributors(std::string_view projection, std::string_view key) const {
+    auto t = table("proj/" + std::string(projection));
+    if (!t) return 0;
+    cursor c{txn_, *t};
+    auto first = codec::contributor_key(key, {});
+    auto end = codec::after_contributors(key);
+    std::size_t n = 0;
+    for (auto e = c.seek(first); e && e->first < std::string_view{end}; e = c.next()) ++n;
+    return n;
+}
+
+bool snapshot::contributed(std::string_view projection, std::string_view key, std::string_view effect) const {
+    auto t = table("proj/" + std::string(projection));
+    return t && txn_.get(*t, codec::contributor_key(key, effect)).has_value();
+}
+
+std::uint64_t snapshot::commit() const {
+    auto t = table("meta");
+    if (!t) return 0;
+    auto v = txn_.get(*t, commit_key);
+    return v && v->size() >= 8 ? codec::get_u64_le(*v) : 0;
+}
+
+std::optional<std::uint64_t> snapshot::checkpoint(std::string_view consumer, std::string_view source) const {
+    auto t = table("checkpoint/" + std::string(consumer));
+    if (!t) return std::nullopt;
+    auto v = txn_.get(*t, source);
+    if (!v || v->size() < 8) return std::nullopt;
+    return codec::get_u64_le(*v);
+}
+
+consumer_stats snapshot::stats(std::string_view consumer) const {
+    auto t = table("meta");
+    if (!t) return {};
+    return decode_stats(txn_.get(*t, stats_key(consumer)));
+}
+
+std::size_t snapshot::inbox_size(std::string_view consumer) const {
+    auto t = table("inbox/" + std::string(consumer));
+    return t ? txn_.entries(*t) : 0;
+}
+
+std::size_t snapshot::parked(std::string_view consumer) const {
+    auto t = table("parked/" + std::string(consumer));
+    return t ? txn_.entries(*t) : 0;
+}
+
+std::vector<dead_letter> snapshot::dead_letters(std::string_view consumer) const {
+    std::vector<dead_letter> out;
+    auto t = table("deadletter/" + std::string(consumer));
+    if (!t) return out;
+    cursor c{txn_, *t};
+    for (auto e = c.first(); e; e = c.next()) out.push_back(decode_dead_letter(codec::get_u64_be(e->first), e->second));
+    return out;
+}
+
+}  // namespace idem

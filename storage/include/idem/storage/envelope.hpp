@@ -1,0 +1,85 @@
+#pragma once
+
+// The CloudEvents 1.0 JSON envelope: one event as delivered.
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace idem {
+
+/// Why an event was dead-lettered; the text form (to_string) is what users see.
+enum class reason {
+    none = 0,
+    invalid_json,             ///< the body is not one JSON object
+    missing_id,               ///< `id` absent or empty
+    missing_source,           ///< `source` absent or empty
+    missing_type,             ///< `type` absent or empty
+    invalid_field,            ///< a known attribute has the wrong JSON type, or appears twice
+    unsupported_specversion,  ///< `specversion` present and not "1.0"
+    invalid_sequence,         ///< `sequence` not a positive integer, or without a `subject`
+    missing_key,              ///< a projection found no aggregate key for the event
+    key_too_long,             ///< an aggregate key or effect key exceeds LMDB's key limit
+    decode_failed,            ///< `data` does not decode into the handler's event type
+    handler_failed,           ///< a handler threw; the message is kept
+    sequence_gap,             ///< a gap under the `reject` gap policy
+    sequence_conflict,        ///< a different event already holds that stream position
+};
+
+/// Returns the stable text of a reason ("missing_id", ...).
+std::string_view to_string(reason r) noexcept;
+
+/// One CloudEvents 1.0 event. Identity is (source, id); field order, whitespace and
+/// unknown attributes never change it.
+struct envelope {
+    std::string id;                        ///< required, non-empty
+    std::string source;                    ///< required, non-empty
+    std::string type;                      ///< required, non-empty
+    std::string subject;                   ///< default aggregate key; may be empty
+    std::optional<std::uint64_t> sequence; ///< 1-based position in the subject's stream
+    std::string time;                      ///< RFC 3339 event time, as given
+    std::string msgid;                     ///< transport message id extension; empty if absent
+    std::string data = "null";             ///< the `data` member as raw JSON text
+
+    /// Returns the event id: an unambiguous encoding of (source, id).
+    std::string event_id() const;
+    /// Returns the message id: `msgid` if present, else the event id (distinct namespaces).
+    std::string message_id() const;
+    /// Serializes as a CloudEvents JSON object (data inserted verbatim).
+    std::string to_json() const;
+};
+
+/// Returns the message id key for a transport-supplied id (same namespace as envelope::message_id).
+std::string transport_message_id(std::string_view msgid);
+
+/// Returns a printable "source id" label for messages.
+std::string describe(const envelope& e);
+
+/// Why parsing failed.
+struct parse_error {
+    reason why = reason::none;
+    std::string detail;  ///< names the field and the cause
+};
+
+/// Parses CloudEvents JSON envelopes; reuse one per thread (it keeps its buffers).
+class envelope_parser {
+public:
+    envelope_parser();
+    ~envelope_parser();
+    envelope_parser(envelope_parser&&) noexcept;
+    envelope_parser& operator=(envelope_parser&&) noexcept;
+
+    /// Parses text into out; on failure returns false and fills err with the reason and field.
+    bool parse(std::string_view text, envelope& out, parse_error& err);
+
+private:
+    struct impl;
+    std::unique_ptr<impl> impl_;
+};
+
+/// Appends s as a JSON string literal (quoted, escaped).
+void append_json_string(std::string& out, std::string_view s);
+
+}  // namespace idem

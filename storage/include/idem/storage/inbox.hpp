@@ -1,0 +1,69 @@
+#pragma once
+
+// A consumer's inbox: the message ids it has processed, with their processing time.
+//
+// On disk it is an append-only log keyed by a monotonically increasing position
+// (8-byte big-endian), value = [processing time, ns, u64 LE][message id]. Appends
+// with MDB_APPEND touch only the rightmost leaf page, so a batch of n ids dirties
+// about n*(16+id)/4096 pages instead of one random leaf per id. Lookups by id use an
+// in-memory hash index (64-bit hash -> position) that is derived from the log: built
+// at open, caught up with entries appended by other processes at the start of every
+// write, and only extended after a commit succeeds. Every hit is confirmed against
+// the log entry itself, so a hash collision can never turn into a false duplicate.
+// Positions are never reused; commit order is processing-time order, which is what
+// pruning by age needs (it deletes from the head).
+
+#include <idem/storage/lmdb.hpp>
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <unordered_set>
+#include <vector>
+
+namespace idem {
+
+/// The processed message ids of one consumer (see the file comment for the layout).
+///
+/// Not thread-safe: used by the single writer of the consumer.
+class inbox {
+public:
+    /// Opens (creating) the table "inbox/<consumer>" and builds the index from it.
+    inbox(environment& env, const std::string& consumer);
+
+    /// Extends the index with entries other writers appended since it was last current.
+    void catch_up(const txn_base& txn);
+    /// Returns whether message_id was recorded, in the log as txn sees it or staged in this batch.
+    bool contains(const txn_base& txn, std::string_view message_id) const;
+    /// Records message_id for the batch being built; it becomes visible to contains() at once.
+    void stage(std::string_view message_id, std::uint64_t time_ns);
+    /// Appends the staged ids to the log inside txn.
+    void write(write_txn& txn);
+    /// Merges the staged ids into the index; call only after the commit succeeded.
+    void committed();
+    /// Drops the staged ids (the batch was aborted).
+    void rolled_back();
+
+    /// Returns the number of ids the index holds (committed).
+    std::size_t size() const noexcept { return count_; }
+    /// Returns the table handle.
+    MDB_dbi table() const noexcept { return table_; }
+
+private:
+    struct slot {
+        std::uint64_t hash = 0;
+        std::uint64_t position = 0;  // position + 1; 0 marks an empty slot
+    };
+    static std::uint64_t hash_of(std::string_view id) noexcept;
+    void insert(std::uint64_t hash, std::uint64_t position);
+    void rebuild(const txn_base& txn);
+
+    MDB_dbi table_;
+    std::vector<slot> slots_;
+    std::size_t count_ = 0;
+    std::uint64_t next_position_ = 1;  // the position the next append gets
+    std::vector<std::pair<std::string, std::uint64_t>> staged_;
+    std::unordered_set<std::string_view> staged_ids_;  // views into staged_ strings (stable: reserved)
+};
+
+}  // namespace idem

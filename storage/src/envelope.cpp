@@ -1,0 +1,291 @@
+#include <idem/storage/envelope.hpp>
+
+#include <simdjson.h>
+
+#include <charconv>
+
+namespace idem {
+
+std::string_view to_string(reason r) noexcept {
+    switch (r) {
+    case reason::none: return "none";
+    case reason::invalid_json: return "invalid_json";
+    case reason::missing_id: return "missing_id";
+    case reason::missing_source: return "missing_source";
+    case reason::missing_type: return "missing_type";
+    case reason::invalid_field: return "invalid_field";
+    case reason::unsupported_specversion: return "unsupported_specversion";
+    case reason::invalid_sequence: return "invalid_sequence";
+    case reason::missing_key: return "missing_key";
+    case reason::key_too_long: return "key_too_long";
+    case reason::decode_failed: return "decode_failed";
+    case reason::handler_failed: return "handler_failed";
+    case reason::sequence_gap: return "sequence_gap";
+    case reason::sequence_conflict: return "sequence_conflict";
+    }
+    return "unknown";
+}
+
+std::string envelope::event_id() const {
+    // Length-prefixing the source makes (source, id) -> text injective.
+    std::string out = std::to_string(source.size());
+    out.push_back(':');
+    out.append(source);
+    out.append(id);
+    return out;
+}
+
+std::string transport_message_id(std::string_view msgid) {
+    std::string out = "m";
+    out.append(msgid);
+    return out;
+}
+
+std::string envelope::message_id() const {
+    if (!msgid.empty()) {
+        return transport_message_id(msgid);
+    }
+    return "e" + event_id();
+}
+
+std::string describe(const envelope& e) {
+    std::string out = "event (source '";
+    out.append(e.source).append("', id '").append(e.id).append("')");
+    return out;
+}
+
+void append_json_string(std::string& out, std::string_view s) {
+    static constexpr char hex[] = "0123456789abcdef";
+    out.push_back('"');
+    for (char c : s) {
+        auto u = static_cast<unsigned char>(c);
+        switch (c) {
+        case '"': out += "\\\""; break;
+        case '\\': out += "\\\\"; break;
+        case '\n': out += "\\n"; break;
+        case '\r': out += "\\r"; break;
+        case '\t': out += "\\t"; break;
+        default:
+            if (u < 0x20) {
+                out += "\\u00";
+                out.push_back(hex[u >> 4]);
+                out.push_back(hex[u & 0xF]);
+            } else {
+                out.push_back(c);
+            }
+        }
+    }
+    out.push_back('"');
+}
+
+std::string envelope::to_json() const {
+    std::string out = R"({"specversion":"1.0","id":)";
+    append_json_string(out, id);
+    out += ",\"source\":";
+    append_json_string(out, source);
+    out += ",\"type\":";
+    append_json_string(out, type);
+    if (!subject.empty()) {
+        out += ",\"subject\":";
+        append_json_string(out, subject);
+    }
+    if (sequence) {
+        out += ",\"sequence\":\"" + std::to_string(*sequence) + "\"";
+    }
+    if (!time.empty()) {
+        out += ",\"time\":";
+        append_json_string(out, time);
+    }
+    if (!msgid.empty()) {
+        out += ",\"msgid\":";
+        append_json_string(out, msgid);
+    }
+    out += ",\"data\":";
+    out += data;
+    out.push_back('}');
+    return out;
+}
+
+struct envelope_parser::impl {
+    simdjson::ondemand::parser parser;
+    std::string buffer;  // input copy with simdjson's padding
+};
+
+envelope_parser::envelope_parser() : impl_(std::make_unique<impl>()) {}
+envelope_parser::~envelope_parser() = default;
+envelope_parser::envelope_parser(envelope_parser&&) noexcept = default;
+envelope_parser& envelope_parser::operator=(envelope_parser&&) noexcept = default;
+
+namespace {
+
+using simdjson::ondemand::json_type;
+
+bool fail(parse_error& err, reason why, std::string detail) {
+    err.why = why;
+    err.detail = std::move(detail);
+    return false;
+}
+
+// Reads a string attribute; a wrong JSON type is invalid_field, naming the attribute.
+bool read_string(simdjson::ondemand::value value, std::string_view name, std::string& out, parse_error& err) {
+    std::string_view s;
+    if (value.get_string().get(s) != simdjson::SUCCESS) {
+        return fail(err, reason::invalid_field, "attribute '" + std::string(name) + "' must be a string");
+    }
+    out.assign(s);
+    return true;
+}
+
+bool read_sequence(simdjson::ondemand::value value, std::optional<std::uint64_t>& out, parse_error& err) {
+    json_type type{};
+    if (value.type().get(type) != simdjson::SUCCESS) {
+        return fail(err, reason::invalid_json, "attribute 'sequence' is not valid JSON");
+    }
+    std::uint64_t n = 0;
+    if (type == json_type::number) {
+        if (value.get_uint64().get(n) != simdjson::SUCCESS) {
+            return fail(err, reason::invalid_sequence, "attribute 'sequence' must be a positive integer");
+        }
+    } else if (type == json_type::string) {
+        std::string_view s;
+        if (value.get_string().get(s) != simdjson::SUCCESS) {
+            return fail(err, reason::invalid_sequence, "attribute 'sequence' is not a valid string");
+        }
+        auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), n);
+        if (ec != std::errc{} || ptr != s.data() + s.size() || s.empty()) {
+            return fail(err, reason::invalid_sequence,
+                        "attribute 'sequence' must be a decimal integer, got \"" + std::string(s) + "\"");
+        }
+    } else {
+        return fail(err, reason::invalid_sequence, "attribute 'sequence' must be a string or an integer");
+    }
+    if (n == 0) {
+        return fail(err, reason::invalid_sequence, "attribute 'sequence' is 1-based; 0 is not a position");
+    }
+    out = n;
+    return true;
+}
+
+}  // namespace
+
+bool envelope_parser::parse(std::string_view text, envelope& out, parse_error& err) {
+    out = envelope{};
+    err = parse_error{};
+    auto& buf = impl_->buffer;
+    buf.assign(text);
+    buf.append(simdjson::SIMDJSON_PADDING, '\0');
+
+    simdjson::ondemand::document doc;
+    if (impl_->parser.iterate(buf.data(), text.size(), buf.size()).get(doc) != simdjson::SUCCESS) {
+        return fail(err, reason::invalid_json, "not a JSON document");
+    }
+    simdjson::ondemand::object object;
+    if (doc.get_object().get(object) != simdjson::SUCCESS) {
+        return fail(err, reason::invalid_json, "the event is not a JSON object");
+    }
+    unsigned seen = 0;
+    auto once = [&](unsigned bit, std::string_view name) {
+        if ((seen & bit) != 0) {
+            return fail(err, reason::invalid_field, "attribute '" + std::string(name) + "' appears twice");
+        }
+        seen |= bit;
+        return true;
+    };
+    std::string specversion;
+    for (auto field : object) {
+        std::string_view name;
+        if (field.unescaped_key().get(name) != simdjson::SUCCESS) {
+            return fail(err, reason::invalid_json, "malformed attribute name");
+        }
+        simdjson::ondemand::value value;
+        if (field.value().get(value) != simdjson::SUCCESS) {
+            return fail(err, reason::invalid_json, "malformed value of attribute '" + std::string(name) + "'");
+        }
+        bool ok = true;
+        if (name == "id") {
+            ok = once(1u << 0, name) && read_string(value, name, out.id, err);
+        } else if (name == "source") {
+            ok = once(1u << 1, name) && read_string(value, name, out.source, err);
+        } else if (name == "type") {
+            ok = once(1u << 2, name) && read_string(value, name, out.type, err);
+        } else if (name == "subject") {
+            ok = once(1u << 3, name) && read_string(value, name, out.subject, err);
+        } else if (name == "time") {
+            ok = once(1u << 4, name) && read_string(value, name, out.time, err);
+        } else if (name == "msgid") {
+            ok = once(1u << 5, name) && read_string(value, name, out.msgid, err);
+        } else if (name == "specversion") {
+            ok = once(1u << 6, name) && read_string(value, name, specversion, err);
+        } else if (name == "sequence") {
+            ok = once(1u << 7, name) && read_sequence(value, out.sequence, err);
+        } else if (name == "data") {
+            ok = once(1u << 8, name);
+            if (ok) {
+                json_type type{};
+                std::string_view raw;
+                if (value.type().get(type) != simdjson::SUCCESS) {
+                    return fail(err, reason::invalid_json, "attribute 'data' is not valid JSON");
+                }
+                simdjson::error_code e = simdjson::SUCCESS;
+                if (type == json_type::object) {
+                    simdjson::ondemand::object o;
+                    e = value.get_object().get(o);
+                    if (e == simdjson::SUCCESS) e = o.raw_json().get(raw);
+                } else if (type == json_type::array) {
+                    simdjson::ondemand::array a;
+                    e = value.get_array().get(a);
+                    if (e == simdjson::SUCCESS) e = a.raw_json().get(raw);
+                } else {
+                    raw = value.raw_json_token();
+                }
+                if (e != simdjson::SUCCESS) {
+                    return fail(err, reason::invalid_json, "attribute 'data' is not valid JSON");
+                }
+                out.data.assign(raw);
+                while (!out.data.empty() && (out.data.back() == ' ' || out.data.back() == '\n' ||
+                                             out.data.back() == '\r' || out.data.back() == '\t')) {
+                    out.data.pop_back();
+                }
+            }
+        } else {
+            // Unknown attributes (extensions) are allowed and ignored; they must still be valid JSON.
+            std::string_view skipped;
+            json_type type{};
+            if (value.type().get(type) != simdjson::SUCCESS) {
+                return fail(err, reason::invalid_json, "malformed value of attribute '" + std::string(name) + "'");
+            }
+            simdjson::error_code e = simdjson::SUCCESS;
+            if (type == json_type::object) {
+                simdjson::ondemand::object o;
+                e = value.get_object().get(o);
+                if (e == simdjson::SUCCESS) e = o.raw_json().get(skipped);
+            } else if (type == json_type::array) {
+                simdjson::ondemand::array a;
+                e = value.get_array().get(a);
+                if (e == simdjson::SUCCESS) e = a.raw_json().get(skipped);
+            }
+            if (e != simdjson::SUCCESS) {
+                return fail(err, reason::invalid_json, "malformed value of attribute '" + std::string(name) + "'");
+            }
+        }
+        if (!ok) {
+            return false;
+        }
+    }
+    if (doc.current_location().error() != simdjson::OUT_OF_BOUNDS) {
+        return fail(err, reason::invalid_json, "trailing content after the event object");
+    }
+    if (!specversion.empty() && specversion != "1.0") {
+        return fail(err, reason::unsupported_specversion,
+                    "specversion \"" + specversion + "\" is not supported (only \"1.0\")");
+    }
+    if (out.id.empty()) return fail(err, reason::missing_id, "attribute 'id' is missing or empty");
+    if (out.source.empty()) return fail(err, reason::missing_source, "attribute 'source' is missing or empty");
+    if (out.type.empty()) return fail(err, reason::missing_type, "attribute 'type' is missing or empty");
+    if (out.sequence && out.subject.empty()) {
+        return fail(err, reason::invalid_sequence, "attribute 'sequence' needs a 'subject' (the stream it counts)");
+    }
+    return true;
+}
+
+}  // namespace idem

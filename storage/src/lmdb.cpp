@@ -1,0 +1,355 @@
+#include <idem/storage/lmdb.hpp>
+
+#include <unistd.h>
+
+#include <system_error>
+
+namespace idem {
+namespace {
+
+// One environment per path per process: LMDB forbids opening the same environment
+// twice in one process (closing either would drop the other's file locks). Entries
+// from a parent process are ignored after fork(); the child opens its own.
+struct registry {
+    std::mutex mutex;
+    pid_t pid = 0;
+    std::map<std::string, std::weak_ptr<environment>> open;
+};
+
+registry& environments() {
+    static registry instance;
+    return instance;
+}
+
+std::string describe(const std::filesystem::path& path) { return "LMDB environment '" + path.string() + "'"; }
+
+}  // namespace
+
+std::shared_ptr<environment> environment::open(const std::filesystem::path& path,
+                                               const environment_options& options) {
+    std::error_code ec;
+    if (!options.read_only) {
+        std::filesystem::create_directories(path, ec);
+        if (ec) {
+            throw std::system_error(ec, "cannot create " + describe(path));
+        }
+    }
+    auto canonical = std::filesystem::weakly_canonical(path, ec);
+    if (ec) {
+        canonical = std::filesystem::absolute(path);
+    }
+
+    auto& reg = environments();
+    std::scoped_lock lock{reg.mutex};
+    if (reg.pid != ::getpid()) {
+        // A fork copied the parent's registry; those handles must not be used here.
+        for (auto& [key, weak] : reg.open) {
+            if (auto env = weak.lock()) {
+                env->env_ = nullptr;  // leaks the parent's handle on purpose: closing it here is unsafe
+            }
+        }
+        reg.open.clear();
+        reg.pid = ::getpid();
+    }
+    if (auto it = reg.open.find(canonical.string()); it != reg.open.end()) {
+        if (auto env = it->second.lock()) {
+            if (env->read_only() && !options.read_only) {
+                throw_error(errc::environment_conflict,
+                            describe(canonical) + " is already open read-only in this process");
+            }
+            return env;
+        }
+    }
+    auto env = std::shared_ptr<environment>(new environment(canonical, options));
+    reg.open[canonical.string()] = env;
+    return env;
+}
+
+environment::environment(std::filesystem::path path, const environment_options& options)
+    : path_(std::move(path)), options_(options) {
+    if (int rc = mdb_env_create(&env_); rc != 0) {
+        throw_lmdb(rc, "cannot create " + describe(path_));
+    }
+    auto fail = [&](int rc, const char* what) {
+        mdb_env_close(env_);
+        env_ = nullptr;
+        throw_lmdb(rc, std::string(what) + " " + describe(path_));
+    };
+    if (int rc = mdb_env_set_maxdbs(env_, options_.max_tables); rc != 0) fail(rc, "cannot set max tables of");
+    if (int rc = mdb_env_set_maxreaders(env_, options_.max_readers); rc != 0) fail(rc, "cannot set max readers of");
+    if (!options_.read_only) {
+        if (int rc = mdb_env_set_mapsize(env_, options_.map_size); rc != 0) fail(rc, "cannot set map size of");
+    }
+    unsigned flags = MDB_NOTLS | MDB_NORDAHEAD;
+    if (options_.read_only) flags |= MDB_RDONLY;
+    if (options_.sync == durability::none) flags |= MDB_NOSYNC;
+    if (int rc = mdb_env_open(env_, path_.c_str(), flags, 0644); rc != 0) fail(rc, "cannot open");
+    // Reader slots of crashed processes would pin old pages forever (and grow the file).
+    int dead = 0;
+    if (int rc = mdb_reader_check(env_, &dead); rc != 0) fail(rc, "cannot check readers of");
+    max_key_size_ = static_cast<std::size_t>(mdb_env_get_maxkeysize(env_));
+}
+
+environment::~environment() {
+    if (env_ != nullptr) {
+        mdb_env_close(env_);
+    }
+}
+
+MDB_dbi environment::table(const std::string& name, unsigned flags) {
+    std::scoped_lock lock{tables_mutex_};
+    if (auto it = tables_.find(name); it != tables_.end()) {
+        return it->second;
+    }
+    MDB_dbi dbi = 0;
+    if (read_only()) {
+        read_txn txn{*this};
+        if (int rc = mdb_dbi_open(txn.handle(), name.c_str(), flags, &dbi); rc != 0) {
+            throw_lmdb(rc, "cannot open table '" + name + "' of " + describe(path_));
+        }
+        txn.commit();
+    } else {
+        write_txn txn{*this};
+        if (int rc = mdb_dbi_open(txn.handle(), name.c_str(), flags | MDB_CREATE, &dbi); rc != 0) {
+            throw_lmdb(rc, "cannot open table '" + name + "' of " + describe(path_));
+        }
+        txn.commit();
+    }
+    tables_.emplace(name, dbi);
+    return dbi;
+}
+
+std::optional<MDB_dbi> environment::try_table(std::string_view name) {
+    std::scoped_lock lock{tables_mutex_};
+    if (auto it = tables_.find(name); it != tables_.end()) {
+        return it->second;
+    }
+    return std::nullopt;
+}
+
+void environment::refresh_tables() {
+    std::scoped_lock lock{tables_mutex_};
+    read_txn txn{*this};
+    MDB_dbi main = 0;
+    if (int rc = mdb_dbi_open(txn.handle(), nullptr, 0, &main); rc != 0) {
+        throw_lmdb(rc, "cannot open the table list of " + describe(path_));
+    }
+    bool opened = false;
+    {
+        cursor c{txn, main};
+        for (auto e = c.first(); e; e = c.next()) {
+            std::string name(e->first);
+            if (tables_.contains(name)) continue;
+            MDB_dbi dbi = 0;
+            if (mdb_dbi_open(txn.handle(), name.c_str(), 0, &dbi) == 0) {  // skips non-table keys
+                tables_.emplace(std::move(name), dbi);
+                opened = true;
+            }
+        }
+    }
+    if (opened) {
+        txn.commit();
+    }
+}
+
+void environment::grow() {
+    std::unique_lock lock{gate_};
+    auto size = map_size();
+    if (int rc = mdb_env_set_mapsize(env_, size * 2); rc != 0) {
+        throw_lmdb(rc, "cannot grow the map of " + describe(path_));
+    }
+}
+
+std::size_t environment::map_size() const {
+    MDB_envinfo info{};
+    mdb_env_info(env_, &info);
+    return info.me_mapsize;
+}
+
+void environment::sync(bool force) {
+    if (int rc = mdb_env_sync(env_, force ? 1 : 0); rc != 0) {
+        throw_lmdb(rc, "cannot sync " + describe(path_));
+    }
+}
+
+MDB_txn* environment::begin(unsigned flags, std::shared_lock<std::shared_mutex>& gate) {
+    for (;;) {
+        gate = std::shared_lock{gate_};
+        MDB_txn* txn = nullptr;
+        int rc = mdb_txn_begin(env_, nullptr, flags, &txn);
+        if (rc == 0) {
+            return txn;
+        }
+        gate.unlock();
+        if (rc != MDB_MAP_RESIZED) {
+            throw_lmdb(rc, "cannot begin a transaction on " + describe(path_));
+        }
+        // Another process grew the map: adopt its size, with no transaction of ours live.
+        std::unique_lock exclusive{gate_};
+        if (int set = mdb_env_set_mapsize(env_, 0); set != 0) {
+            throw_lmdb(set, "cannot adopt the new map size of " + describe(path_));
+        }
+    }
+}
+
+txn_base::txn_base(environment& env, unsigned flags) : env_(&env) {
+    txn_ = env.begin(flags, gate_);
+}
+
+txn_base::txn_base(txn_base&& other) noexcept
+    : env_(other.env_), txn_(std::exchange(other.txn_, nullptr)), gate_(std::move(other.gate_)) {}
+
+txn_base& txn_base::operator=(txn_base&& other) noexcept {
+    if (this != &other) {
+        abort_now();
+        env_ = other.env_;
+        txn_ = std::exchange(other.txn_, nullptr);
+        gate_ = std::move(other.gate_);
+    }
+    return *this;
+}
+
+txn_base::~txn_base() { abort_now(); }
+
+void txn_base::abort_now() noexcept {
+    if (txn_ != nullptr) {
+        mdb_txn_abort(std::exchange(txn_, nullptr));
+    }
+    if (gate_.owns_lock()) {
+        gate_.unlock();
+    }
+}
+
+std::optional<std::string_view> txn_base::get(MDB_dbi table, std::string_view key) const {
+    MDB_val k = to_val(key);
+    MDB_val v{};
+    int rc = mdb_get(txn_, table, &k, &v);
+    if (rc == MDB_NOTFOUND) {
+        return std::nullopt;
+    }
+    if (rc != 0) {
+        throw_lmdb(rc, "cannot read from " + describe(env_->path()));
+    }
+    return from_val(v);
+}
+
+std::size_t txn_base::entries(MDB_dbi table) const {
+    MDB_stat stat{};
+    if (int rc = mdb_stat(txn_, table, &stat); rc != 0) {
+        throw_lmdb(rc, "cannot stat a table of " + describe(env_->path()));
+    }
+    return stat.ms_entries;
+}
+
+read_txn::read_txn(environment& env) : txn_base(env, MDB_RDONLY) {}
+
+void read_txn::commit() {
+    // Committing a read transaction is what makes table handles opened in it visible to later ones.
+    if (int rc = mdb_txn_commit(std::exchange(txn_, nullptr)); rc != 0) {
+        throw_lmdb(rc, "cannot end a read transaction on " + describe(env_->path()));
+    }
+    if (gate_.owns_lock()) {
+        gate_.unlock();
+    }
+}
+
+write_txn::write_txn(environment& env) : txn_base(env, 0) {
+    if (env.read_only()) {
+        abort_now();
+        throw_error(errc::read_only, "cannot write to " + describe(env.path()));
+    }
+}
+
+bool write_txn::put(MDB_dbi table, std::string_view key, std::string_view value, unsigned flags) {
+    if (key.empty() || key.size() > env_->max_key_size()) {
+        throw_error(errc::key_too_long, "key of " + std::to_string(key.size()) + " bytes refused by " +
+                                            describe(env_->path()));
+    }
+    MDB_val k = to_val(key);
+    MDB_val v = to_val(value);
+    int rc = mdb_put(txn_, table, &k, &v, flags);
+    if (rc == MDB_KEYEXIST) {
+        return false;
+    }
+    if (rc != 0) {
+        throw_lmdb(rc, "cannot write to " + describe(env_->path()));
+    }
+    return true;
+}
+
+bool write_txn::del(MDB_dbi table, std::string_view key) {
+    MDB_val k = to_val(key);
+    int rc = mdb_del(txn_, table, &k, nullptr);
+    if (rc == MDB_NOTFOUND) {
+        return false;
+    }
+    if (rc != 0) {
+        throw_lmdb(rc, "cannot delete from " + describe(env_->path()));
+    }
+    return true;
+}
+
+void write_txn::commit() {
+    MDB_txn* txn = std::exchange(txn_, nullptr);
+    int rc = mdb_txn_commit(txn);
+    if (gate_.owns_lock()) {
+        gate_.unlock();
+    }
+    if (rc != 0) {
+        throw_lmdb(rc, "cannot commit to " + describe(env_->path()));
+    }
+}
+
+cursor::cursor(const txn_base& txn, MDB_dbi table) {
+    if (int rc = mdb_cursor_open(txn.handle(), table, &cursor_); rc != 0) {
+        throw_lmdb(rc, "cannot open a cursor on " + describe(txn.env().path()));
+    }
+}
+
+cursor& cursor::operator=(cursor&& other) noexcept {
+    if (this != &other) {
+        if (cursor_ != nullptr) mdb_cursor_close(cursor_);
+        cursor_ = std::exchange(other.cursor_, nullptr);
+    }
+    return *this;
+}
+
+cursor::~cursor() {
+    if (cursor_ != nullptr) {
+        mdb_cursor_close(cursor_);
+    }
+}
+
+std::optional<cursor::entry> cursor::step(MDB_cursor_op op) {
+    MDB_val k{};
+    MDB_val v{};
+    int rc = mdb_cursor_get(cursor_, &k, &v, op);
+    if (rc == MDB_NOTFOUND) {
+        return std::nullopt;
+    }
+    if (rc != 0) {
+        throw_lmdb(rc, "cursor step failed");
+    }
+    return entry{from_val(k), from_val(v)};
+}
+
+std::optional<cursor::entry> cursor::seek(std::string_view key) {
+    MDB_val k = to_val(key);
+    MDB_val v{};
+    int rc = mdb_cursor_get(cursor_, &k, &v, MDB_SET_RANGE);
+    if (rc == MDB_NOTFOUND) {
+        return std::nullopt;
+    }
+    if (rc != 0) {
+        throw_lmdb(rc, "cursor seek failed");
+    }
+    return entry{from_val(k), from_val(v)};
+}
+
+void cursor::del() {
+    if (int rc = mdb_cursor_del(cursor_, 0); rc != 0) {
+        throw_lmdb(rc, "cursor delete failed");
+    }
+}
+
+}  // namespace idem
