@@ -181,7 +181,7 @@ bool envelope_parser::parse(std::string_view text, envelope& out, parse_error& e
     }
     simdjson::ondemand::object object;
     if (doc.get_object().get(object) != simdjson::SUCCESS) {
-        return fail(err, reason::invalid_json, "the event is not a JSON object");
+        return fail(err, reason::invalid_json, "the body is not a single JSON object");
     }
     unsigned seen = 0;
     auto once = [&](unsigned bit, std::string_view name) {

@@ -67,7 +67,23 @@ const std::error_category& lmdb_category() noexcept {
     return instance;
 }
 
-std::error_code lmdb_error(int rc) noexcept { return {rc, lmdb_category()}; }
+std::error_code lmdb_error(int rc) noexcept {
+    switch (rc) {
+    case MDB_MAP_FULL: return make_error_code(errc::map_full);
+    case MDB_MAP_RESIZED: return make_error_code(errc::map_resized);
+    case MDB_BAD_VALSIZE: return make_error_code(errc::key_too_long);
+    case MDB_VERSION_MISMATCH:
+    case MDB_INVALID: return make_error_code(errc::format_mismatch);
+    case MDB_CORRUPTED:
+    case MDB_PAGE_NOTFOUND: return make_error_code(errc::corrupt_record);
+    case MDB_PANIC: return make_error_code(errc::panic);
+    default: break;
+    }
+    if (rc > 0) {
+        return {rc, std::system_category()};  // an errno: EIO, ENOSPC, EACCES, ...
+    }
+    return {rc, lmdb_category()};
+}
 
 void throw_lmdb(int rc, const std::string& what) { throw std::system_error(lmdb_error(rc), what); }
 

@@ -253,12 +253,16 @@ void read_txn::commit() {
     }
 }
 
-write_txn::write_txn(environment& env) : txn_base(env, 0) {
+namespace {
+environment& writable(environment& env) {
     if (env.read_only()) {
-        abort_now();
-        throw_error(errc::read_only, "cannot write to " + describe(env.path()));
+        throw_error(errc::read_only, "cannot write to " + describe(env.path()) + ": it was opened read-only");
     }
+    return env;
 }
+}  // namespace
+
+write_txn::write_txn(environment& env) : txn_base(writable(env), 0) {}
 
 bool write_txn::put(MDB_dbi table, std::string_view key, std::string_view value, unsigned flags) {
     if (key.empty() || key.size() > env_->max_key_size()) {

@@ -30,7 +30,8 @@ std::error_code make_error_code(errc e) noexcept;
 /// Returns the category LMDB return codes live in; its conditions compare equal to idem::errc.
 const std::error_category& lmdb_category() noexcept;
 
-/// Maps an LMDB return code (MDB_* or an errno) to an error code: the one place that does.
+/// Maps an LMDB return code to an error code: the one place that does. Codes with an idem meaning
+/// (MDB_MAP_FULL, MDB_PANIC, ...) become idem::errc, errnos the system category, the rest "lmdb".
 std::error_code lmdb_error(int rc) noexcept;
 
 /// Throws std::system_error for a failing LMDB return code, naming what was being done.
