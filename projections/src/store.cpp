@@ -7,6 +7,8 @@
 #include <chrono>
 #include <map>
 #include <set>
+#include <unordered_map>
+#include <unordered_set>
 
 namespace idem {
 
@@ -153,11 +155,18 @@ private:
     std::uint64_t stream_highest(const std::string& subject);
     std::optional<std::string> parked_value(const std::string& key) const;
 
+    struct row_id_hash {
+        std::size_t operator()(const std::pair<std::size_t, std::string>& id) const noexcept {
+            return std::hash<std::string>{}(id.second) ^ (id.first * 0x9E3779B97F4A7C15ull);
+        }
+    };
+
     store::impl& s_;
     write_txn& txn_;
     std::uint64_t time_ns_ = now_ns();
-    std::map<std::pair<std::size_t, std::string>, row_slot> rows_;
-    std::set<std::pair<std::size_t, std::string>> contributors_;
+    std::unordered_map<std::pair<std::size_t, std::string>, row_slot, row_id_hash> rows_;
+    using contributor_set = std::unordered_set<std::string>;
+    std::vector<contributor_set> contributors_ = std::vector<contributor_set>(s_.projections.size());  // per projection
     std::map<std::string, std::uint64_t> streams_;
     std::set<std::string> dirty_streams_;
     std::map<std::string, std::optional<std::string>> parked_;  // nullopt: deleted in this batch
@@ -358,7 +367,7 @@ outcome batch_run::apply_projections(const envelope& ev, std::string_view messag
         c.slot->header.applied += 1;
         if (c.own_stream) c.slot->header.highest_sequence = std::max(c.slot->header.highest_sequence, *ev.sequence);
         c.slot->dirty = true;
-        contributors_.emplace(c.projection, std::move(c.contributor));
+        contributors_[c.projection].insert(std::move(c.contributor));
     }
     return outcome{outcome_kind::applied, reason::none, {}, 0};
 }
@@ -380,7 +389,7 @@ batch_run::row_slot& batch_run::load_row(std::size_t p, const std::string& key) 
 }
 
 bool batch_run::has_contributor(std::size_t p, const std::string& contributor_key) const {
-    if (contributors_.contains(std::pair{p, contributor_key})) return true;
+    if (contributors_[p].contains(contributor_key)) return true;
     return txn_.get(s_.tables[p], contributor_key).has_value();
 }
 
@@ -400,20 +409,27 @@ std::optional<std::string> batch_run::parked_value(const std::string& key) const
 
 void batch_run::finish(const std::optional<checkpoint>& at, std::uint64_t commit) {
     std::string value;
-    // Rows and their contributors share one table and are written in key order, so a
-    // row and the effect keys added to it land on the same leaf page.
+    // Rows and their contributors share one table; writing each table's keys in order
+    // walks the B-tree left to right, and a row and the effect keys added to it share a leaf.
+    std::vector<std::pair<std::pair<std::size_t, std::string>, row_slot*>> dirty;
     for (auto& [id, slot] : rows_) {
-        if (!slot.dirty) continue;
-        const auto& proj = *s_.projections[id.first];
-        slot.header.state_version = proj.state_version();
-        std::string state;
-        proj.save(*slot.state, state);
-        value.clear();
-        codec::encode_row(value, slot.header, state);
-        txn_.put(s_.tables[id.first], codec::row_key(id.second), value);
+        if (slot.dirty) dirty.emplace_back(std::pair{id.first, codec::row_key(id.second)}, &slot);
     }
-    for (const auto& [p, key] : contributors_) {
-        txn_.put(s_.tables[p], key, {});
+    std::sort(dirty.begin(), dirty.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    std::string state;
+    for (auto& [id, slot] : dirty) {
+        const auto& proj = *s_.projections[id.first];
+        slot->header.state_version = proj.state_version();
+        state.clear();
+        proj.save(*slot->state, state);
+        value.clear();
+        codec::encode_row(value, slot->header, state);
+        txn_.put(s_.tables[id.first], id.second, value);
+    }
+    for (std::size_t p = 0; p < contributors_.size(); ++p) {
+        std::vector<std::string_view> keys(contributors_[p].begin(), contributors_[p].end());
+        std::sort(keys.begin(), keys.end());
+        for (auto key : keys) txn_.put(s_.tables[p], key, {});
     }
     s_.ids->write(txn_);
     if (!dead_letters_.empty()) {

@@ -93,28 +93,57 @@ State load_state(std::string_view bytes) {
     return state;
 }
 
+/// A streambuf that appends to a std::string, so cereal writes without an extra copy.
+class append_buf : public std::streambuf {
+public:
+    explicit append_buf(std::string& out) : out_(out) {}
+
+protected:
+    int_type overflow(int_type c) override {
+        if (!traits_type::eq_int_type(c, traits_type::eof())) out_.push_back(traits_type::to_char_type(c));
+        return traits_type::not_eof(c);
+    }
+    std::streamsize xsputn(const char* s, std::streamsize n) override {
+        out_.append(s, static_cast<std::size_t>(n));
+        return n;
+    }
+
+private:
+    std::string& out_;
+};
+
 /// Encodes State as cereal portable binary bytes, appended to out.
 template <class State>
 void save_state(const State& state, std::string& out) {
-    std::ostringstream os;
-    {
-        cereal::PortableBinaryOutputArchive archive{os};
-        archive(state);
-    }
-    out.append(os.view());
+    append_buf buf{out};
+    std::ostream os{&buf};
+    cereal::PortableBinaryOutputArchive archive{os};
+    archive(state);
 }
+
+template <class E>
+concept member_serializable = requires(cereal::JSONInputArchive& a, E& e) { e.serialize(a); };
 
 /// Decodes an event payload (JSON text) into E through E's cereal serialize().
 template <class E>
 std::shared_ptr<const void> decode_event(std::string_view data) {
-    // Wrapping as {"e": data} lets cereal read E with any of its serialization forms.
-    std::string wrapped = "{\"e\":";
-    wrapped.append(data);
-    wrapped.push_back('}');
-    std::istringstream in{std::move(wrapped)};
-    cereal::JSONInputArchive archive{in};
     auto event = std::make_shared<E>();
-    archive(cereal::make_nvp("e", *event));
+    if constexpr (member_serializable<E>) {
+        // The payload object is the archive's root: E's fields are read from it directly.
+        view_buf buf{data};
+        std::istream in{&buf};
+        cereal::JSONInputArchive archive{in};
+        event->serialize(archive);
+    } else {
+        // Wrapping as {"e": data} lets cereal read E with any of its other serialization forms.
+        std::string wrapped = "{\"e\":";
+        wrapped.append(data);
+        wrapped.push_back('}');
+        view_buf buf{wrapped};
+        std::istream in{&buf};
+        cereal::JSONInputArchive archive{in};
+        archive(cereal::make_nvp("e", *event));
+    }
     return event;
 }
 
