@@ -494,24 +494,23 @@ store::store(store_options options) : impl_(std::make_unique<impl>()) {
     auto& o = impl_->options;
     environment_options eo;
     eo.map_size = std::min(o.map_size, o.max_map_size);
+    eo.max_map_size = o.max_map_size;
     eo.sync = o.sync;
     impl_->env = environment::open(o.path, eo);
     auto& env = *impl_->env;
     impl_->meta = env.table("meta");
-    {
-        write_txn txn{env};
+    env.write([&](write_txn& txn) {
         auto v = txn.get(impl_->meta, format_key);
         if (!v) {
             std::string value;
             codec::put_u32_le(value, storage_format);
             txn.put(impl_->meta, format_key, value);
-            txn.commit();
         } else if (v->size() != 4 || codec::get_u32_le(*v) != storage_format) {
             throw_error(errc::format_mismatch, "'" + o.path.string() + "' holds storage format " +
                                                    (v->size() == 4 ? std::to_string(codec::get_u32_le(*v)) : "?") +
                                                    ", this build reads format " + std::to_string(storage_format));
         }
-    }
+    });
     impl_->streams = env.table("streams/" + o.consumer);
     impl_->parked = env.table("parked/" + o.consumer);
     impl_->dead = env.table("deadletter/" + o.consumer);
@@ -541,16 +540,14 @@ std::vector<outcome> store::apply(std::span<const delivery> batch, const std::op
             return impl_->run(batch, at);
         } catch (const std::system_error& e) {
             impl_->ids->rolled_back();
-            // The transaction is gone (aborted by unwinding): grow with none live, then redo it all.
-            if (e.code() == errc::map_full && impl_->env->map_size() * 2 <= impl_->options.max_map_size) {
-                impl_->env->grow();
-                continue;
-            }
-            throw;
+            if (e.code() != errc::map_full) throw;
         } catch (...) {
             impl_->ids->rolled_back();
             throw;
         }
+        // The transaction is gone (aborted by unwinding): grow with none of ours live (throws
+        // map_full at the limit), then redo the whole batch.
+        impl_->env->grow();
     }
 }
 

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <system_error>
 
 namespace idem {
@@ -97,24 +98,26 @@ environment::~environment() {
 }
 
 MDB_dbi environment::table(const std::string& name, unsigned flags) {
-    std::scoped_lock lock{tables_mutex_};
-    if (auto it = tables_.find(name); it != tables_.end()) {
-        return it->second;
+    if (auto dbi = try_table(name)) {
+        return *dbi;
     }
+    // The transaction begins before tables_mutex_ is taken: beginning may wait for a map
+    // resize, which waits for every live transaction, and one of those may want the mutex.
     MDB_dbi dbi = 0;
+    auto open_in = [&](txn_base& txn, unsigned open_flags) {
+        std::scoped_lock lock{tables_mutex_};
+        if (int rc = mdb_dbi_open(txn.handle(), name.c_str(), open_flags, &dbi); rc != 0) {
+            throw_lmdb(rc, "cannot open table '" + name + "' of " + describe(path_));
+        }
+    };
     if (read_only()) {
         read_txn txn{*this};
-        if (int rc = mdb_dbi_open(txn.handle(), name.c_str(), flags, &dbi); rc != 0) {
-            throw_lmdb(rc, "cannot open table '" + name + "' of " + describe(path_));
-        }
+        open_in(txn, flags);
         txn.commit();
     } else {
-        write_txn txn{*this};
-        if (int rc = mdb_dbi_open(txn.handle(), name.c_str(), flags | MDB_CREATE, &dbi); rc != 0) {
-            throw_lmdb(rc, "cannot open table '" + name + "' of " + describe(path_));
-        }
-        txn.commit();
+        write([&](write_txn& txn) { open_in(txn, flags | MDB_CREATE); });
     }
+    std::scoped_lock lock{tables_mutex_};
     tables_.emplace(name, dbi);
     return dbi;
 }
@@ -128,8 +131,8 @@ std::optional<MDB_dbi> environment::try_table(std::string_view name) {
 }
 
 void environment::refresh_tables() {
+    read_txn txn{*this};  // before the mutex: see table()
     std::scoped_lock lock{tables_mutex_};
-    read_txn txn{*this};
     MDB_dbi main = 0;
     if (int rc = mdb_dbi_open(txn.handle(), nullptr, 0, &main); rc != 0) {
         throw_lmdb(rc, "cannot open the table list of " + describe(path_));
@@ -153,10 +156,48 @@ void environment::refresh_tables() {
 }
 
 void environment::grow() {
-    std::unique_lock lock{gate_};
     auto size = map_size();
-    if (int rc = mdb_env_set_mapsize(env_, size * 2); rc != 0) {
+    if (size >= options_.max_map_size) {
+        throw_error(errc::map_full, "the map of " + describe(path_) + " is full at its limit of " +
+                                        std::to_string(options_.max_map_size) + " bytes");
+    }
+    if (held_by_this_thread()) {
+        throw_error(errc::map_full, "the map of " + describe(path_) +
+                                        " is full and cannot grow while this thread holds a transaction "
+                                        "(a snapshot) of it; release it before writing");
+    }
+    std::unique_lock lock{gate_};
+    if (map_size() != size) {
+        return;  // another thread grew it meanwhile
+    }
+    if (int rc = mdb_env_set_mapsize(env_, std::min(size * 2, options_.max_map_size)); rc != 0) {
         throw_lmdb(rc, "cannot grow the map of " + describe(path_));
+    }
+}
+
+void environment::write(const std::function<void(write_txn&)>& fn) {
+    for (;;) {
+        try {
+            write_txn txn{*this};
+            fn(txn);
+            txn.commit();
+            return;
+        } catch (const std::system_error& e) {
+            if (e.code() != errc::map_full) throw;
+        }
+        grow();  // the transaction is gone: none of ours is live here
+    }
+}
+
+bool environment::held_by_this_thread() {
+    std::scoped_lock lock{live_mutex_};
+    return live_.contains(std::this_thread::get_id());
+}
+
+void environment::end(std::thread::id owner) noexcept {
+    std::scoped_lock lock{live_mutex_};
+    if (auto it = live_.find(owner); it != live_.end() && --it->second == 0) {
+        live_.erase(it);
     }
 }
 
@@ -178,11 +219,17 @@ MDB_txn* environment::begin(unsigned flags, std::shared_lock<std::shared_mutex>&
         MDB_txn* txn = nullptr;
         int rc = mdb_txn_begin(env_, nullptr, flags, &txn);
         if (rc == 0) {
+            std::scoped_lock lock{live_mutex_};
+            ++live_[std::this_thread::get_id()];
             return txn;
         }
         gate.unlock();
         if (rc != MDB_MAP_RESIZED) {
             throw_lmdb(rc, "cannot begin a transaction on " + describe(path_));
+        }
+        if (held_by_this_thread()) {
+            throw_lmdb(rc, "cannot adopt the map size another process set for " + describe(path_) +
+                               " while this thread holds a transaction of it");
         }
         // Another process grew the map: adopt its size, with no transaction of ours live.
         std::unique_lock exclusive{gate_};
@@ -192,12 +239,12 @@ MDB_txn* environment::begin(unsigned flags, std::shared_lock<std::shared_mutex>&
     }
 }
 
-txn_base::txn_base(environment& env, unsigned flags) : env_(&env) {
+txn_base::txn_base(environment& env, unsigned flags) : env_(&env), owner_(std::this_thread::get_id()) {
     txn_ = env.begin(flags, gate_);
 }
 
 txn_base::txn_base(txn_base&& other) noexcept
-    : env_(other.env_), txn_(std::exchange(other.txn_, nullptr)), gate_(std::move(other.gate_)) {}
+    : env_(other.env_), txn_(std::exchange(other.txn_, nullptr)), gate_(std::move(other.gate_)), owner_(other.owner_) {}
 
 txn_base& txn_base::operator=(txn_base&& other) noexcept {
     if (this != &other) {
@@ -205,6 +252,7 @@ txn_base& txn_base::operator=(txn_base&& other) noexcept {
         env_ = other.env_;
         txn_ = std::exchange(other.txn_, nullptr);
         gate_ = std::move(other.gate_);
+        owner_ = other.owner_;
     }
     return *this;
 }
@@ -215,8 +263,13 @@ void txn_base::abort_now() noexcept {
     if (txn_ != nullptr) {
         mdb_txn_abort(std::exchange(txn_, nullptr));
     }
+    release_gate();
+}
+
+void txn_base::release_gate() noexcept {
     if (gate_.owns_lock()) {
         gate_.unlock();
+        env_->end(owner_);
     }
 }
 
@@ -245,11 +298,10 @@ read_txn::read_txn(environment& env) : txn_base(env, MDB_RDONLY) {}
 
 void read_txn::commit() {
     // Committing a read transaction is what makes table handles opened in it visible to later ones.
-    if (int rc = mdb_txn_commit(std::exchange(txn_, nullptr)); rc != 0) {
+    int rc = mdb_txn_commit(std::exchange(txn_, nullptr));
+    release_gate();
+    if (rc != 0) {
         throw_lmdb(rc, "cannot end a read transaction on " + describe(env_->path()));
-    }
-    if (gate_.owns_lock()) {
-        gate_.unlock();
     }
 }
 
@@ -296,9 +348,7 @@ bool write_txn::del(MDB_dbi table, std::string_view key) {
 void write_txn::commit() {
     MDB_txn* txn = std::exchange(txn_, nullptr);
     int rc = mdb_txn_commit(txn);
-    if (gate_.owns_lock()) {
-        gate_.unlock();
-    }
+    release_gate();
     if (rc != 0) {
         throw_lmdb(rc, "cannot commit to " + describe(env_->path()));
     }

@@ -88,7 +88,7 @@ struct store_options {
     std::string consumer = "default";                  ///< consumer name: its inbox, checkpoints, dead letters
     durability sync = durability::full;                ///< fsync policy
     gap_policy gaps = gap_policy::park;                ///< sequence gap policy
-    std::size_t map_size = std::size_t{64} << 20;      ///< initial map size
+    std::size_t map_size = std::size_t{1} << 30;       ///< initial map size (address space; the file grows as written)
     std::size_t max_map_size = std::size_t{1} << 40;   ///< the map never grows past this (then: map_full)
     /// Called inside the write transaction right before commit with the commit number; throwing aborts
     /// the batch (tests use it to inject storage failures and to observe commit order).
@@ -100,7 +100,9 @@ class snapshot;
 /// One consumer's projections over an LMDB environment, applied synchronously.
 ///
 /// Thread safety: apply() must not be called concurrently (one writer); snapshots may be
-/// taken and read from any thread at any time.
+/// taken and read from any thread at any time. A batch that must grow the map waits until
+/// no snapshot of this process is live; if the applying thread holds one itself, apply()
+/// throws errc::map_full instead (release snapshots before applying).
 class store {
 public:
     /// Opens the environment and the consumer's tables. Throws std::system_error naming the path.

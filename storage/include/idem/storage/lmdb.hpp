@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -19,6 +20,8 @@
 #include <shared_mutex>
 #include <string>
 #include <string_view>
+#include <thread>
+#include <unordered_map>
 #include <utility>
 
 namespace idem {
@@ -31,7 +34,8 @@ enum class durability {
 
 /// Options for opening an LMDB environment.
 struct environment_options {
-    std::size_t map_size = std::size_t{64} << 20;  ///< initial map size; grows on MDB_MAP_FULL
+    std::size_t map_size = std::size_t{1} << 30;   ///< initial map size (address space, not disk); doubles on MDB_MAP_FULL
+    std::size_t max_map_size = std::size_t{1} << 40; ///< the map never grows past this: then errc::map_full
     unsigned max_tables = 512;                     ///< named databases (3 per projection, 6 per consumer)
     unsigned max_readers = 512;                    ///< concurrent read transactions (all processes)
     bool read_only = false;                        ///< open with MDB_RDONLY (another process writes)
@@ -45,7 +49,8 @@ class write_txn;
 ///
 /// Thread safety: read transactions may be begun from any thread (MDB_NOTLS). Write
 /// transactions are serialized by LMDB. grow() waits until no transaction of this
-/// process is live, so a thread must not grow the map while it holds a transaction.
+/// process is live; a thread that holds a transaction itself gets errc::map_full at once
+/// instead of waiting for itself.
 class environment {
 public:
     /// Opens (or returns the already open) environment at path; creates the directory when writable.
@@ -75,8 +80,11 @@ public:
     /// handles opened before it began, so snapshots call this before they begin.
     void refresh_tables();
 
-    /// Doubles the map size; waits until no transaction of this process is live.
+    /// Doubles the map size (up to max_map_size); waits until no transaction of this process is live.
+    /// Throws errc::map_full at the limit, or if the calling thread holds a transaction of this environment.
     void grow();
+    /// Runs fn(write_txn&) and commits; on MDB_MAP_FULL aborts, grows the map and runs it again.
+    void write(const std::function<void(write_txn&)>& fn);
     /// Returns the current map size in bytes.
     std::size_t map_size() const;
     /// Flushes buffered commits to disk (meaningful with durability::none).
@@ -88,12 +96,16 @@ private:
     friend class txn_base;
     environment(std::filesystem::path path, const environment_options& options);
     MDB_txn* begin(unsigned flags, std::shared_lock<std::shared_mutex>& gate);
+    void end(std::thread::id owner) noexcept;
+    bool held_by_this_thread();
 
     std::filesystem::path path_;
     environment_options options_;
     MDB_env* env_ = nullptr;
     std::size_t max_key_size_ = 511;
     std::shared_mutex gate_;  // shared by every live transaction; exclusive to resize the map
+    std::mutex live_mutex_;
+    std::unordered_map<std::thread::id, unsigned> live_;  // live transactions by the thread that began them
     std::mutex tables_mutex_;
     std::map<std::string, MDB_dbi, std::less<>> tables_;
 };
@@ -120,9 +132,12 @@ protected:
     ~txn_base();
     void abort_now() noexcept;
 
+    void release_gate() noexcept;
+
     environment* env_;
     MDB_txn* txn_ = nullptr;
     std::shared_lock<std::shared_mutex> gate_;
+    std::thread::id owner_;
 };
 
 /// A read-only snapshot; usable from the thread that began it, or handed to another (MDB_NOTLS).
