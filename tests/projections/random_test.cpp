@@ -1,0 +1,119 @@
+// Randomized delivery: for many seeds, a few hundred distinct events are delivered in a
+// random order, with redeliveries (same message id) and republications (new message id),
+// in random batches. The rows must equal those of applying each distinct event once,
+// computed with a plain std::map.
+
+#include <idem/projections/store.hpp>
+
+#include "fixtures.hpp"
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <random>
+#include <string>
+#include <vector>
+
+using namespace idem_test;
+using idem::outcome_kind;
+
+namespace {
+
+struct scenario {
+    std::vector<idem::delivery> deliveries;
+    reference ref;
+    std::size_t distinct = 0;
+    std::size_t redelivered = 0;  // extra copies with the same message id
+    std::size_t republished = 0;  // copies under a new message id
+};
+
+std::size_t pick(std::mt19937_64& rng, std::size_t lo, std::size_t hi) {
+    return std::uniform_int_distribution<std::size_t>{lo, hi}(rng);
+}
+
+scenario generate(std::mt19937_64& rng, bool sequences) {
+    scenario s;
+    const auto orders = pick(rng, 1, 8);
+    s.distinct = pick(rng, 150, 300);
+    std::map<std::string, std::uint64_t> stream_length;
+    for (std::size_t i = 0; i < s.distinct; ++i) {
+        const auto order = "order-" + std::to_string(pick(rng, 0, orders - 1));
+        const auto amount = static_cast<std::int64_t>(pick(rng, 1, 1000));
+        std::optional<std::uint64_t> seq;
+        if (sequences) seq = ++stream_length[order];
+        auto e = line("ev-" + std::to_string(i), order, amount, seq);
+        s.ref.add(order, amount, seq);
+
+        // How the broker identifies it: a transport id, a msgid attribute, or nothing (the event id).
+        std::string transport;
+        switch (pick(rng, 0, 2)) {
+        case 0: transport = "msg-" + std::to_string(i); break;
+        case 1: e.msgid = "attr-" + std::to_string(i); break;
+        default: break;
+        }
+        auto original = deliver(e, transport);
+        s.deliveries.push_back(original);
+        while (pick(rng, 0, 4) == 0) {
+            s.deliveries.push_back(original);
+            ++s.redelivered;
+        }
+        if (pick(rng, 0, 7) == 0) {
+            s.deliveries.push_back(deliver(e, "republished-" + std::to_string(i)));
+            ++s.republished;
+        }
+    }
+    // Any order: with sequences this shuffles every stream too, so events park and are released.
+    std::shuffle(s.deliveries.begin(), s.deliveries.end(), rng);
+    return s;
+}
+
+}  // namespace
+
+TEST_SUITE("randomized") {
+
+TEST_CASE("any delivery order with duplicates gives the rows of applying each distinct event once") {
+    bool sequences = false;
+    SUBCASE("without sequences") { sequences = false; }
+    SUBCASE("with sequences, shuffled within each stream") { sequences = true; }
+
+    for (std::uint64_t seed = 1; seed <= 100; ++seed) {
+        CAPTURE(seed);
+        std::mt19937_64 rng{seed * 7919 + (sequences ? 1 : 0)};
+        const auto s = generate(rng, sequences);
+
+        temp_dir dir;
+        idem::store store{options(dir.env())};
+        store.add(totals_by_subject());
+
+        std::map<outcome_kind, std::size_t> outcomes;
+        std::size_t batches = 0;
+        for (std::size_t at = 0; at < s.deliveries.size();) {
+            const auto n = std::min(pick(rng, 1, 64), s.deliveries.size() - at);
+            const std::span<const idem::delivery> batch{s.deliveries.data() + at, n};
+            for (const auto& o : store.apply(batch)) ++outcomes[o.kind];
+            at += n;
+            ++batches;
+        }
+
+        auto snap = store.read();
+        REQUIRE(dump(snap, "order-streams") == s.ref.rows);
+        CHECK(snap.parked(consumer) == 0);
+        CHECK(snap.dead_letters(consumer).empty());
+        CHECK(outcomes[outcome_kind::duplicate_message] == s.redelivered);
+        CHECK(outcomes[outcome_kind::duplicate_event] == s.republished);
+        CHECK(outcomes[outcome_kind::applied] + outcomes[outcome_kind::parked] == s.distinct);
+        CHECK(snap.stats(consumer).released == outcomes[outcome_kind::parked]);
+        CHECK(snap.stats(consumer).batches == batches);
+        CHECK(snap.commit() == batches);
+        if (sequences) {
+            CHECK(outcomes[outcome_kind::parked] > 0);  // the shuffle did exercise parking
+            for (const auto& r : snap.rows<order_total>("order-streams")) {
+                CHECK(r.highest_sequence == s.ref.rows.at(r.key).lines);
+            }
+        } else {
+            CHECK(outcomes[outcome_kind::parked] == 0);
+        }
+    }
+}
+
+}  // TEST_SUITE
