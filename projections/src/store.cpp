@@ -1,7 +1,7 @@
 #include <idem/projections/store.hpp>
 
 #include <idem/storage/codec.hpp>
-#include <idem/storage/inbox.hpp>
+#include <idem/storage/id_log.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -112,12 +112,17 @@ struct store::impl {
     MDB_dbi parked = 0;
     MDB_dbi dead = 0;
     MDB_dbi checkpoints = 0;
-    std::unique_ptr<inbox> ids;
+    std::unique_ptr<id_log> ids;  // the inbox
     std::vector<std::unique_ptr<projection_base>> projections;
     std::vector<MDB_dbi> tables;
+    std::vector<std::unique_ptr<id_log>> contributors;  // per projection: row + effect key pairs
     envelope_parser parser;
 
     std::vector<outcome> run(std::span<const delivery> batch, const std::optional<checkpoint>& at);
+    void rolled_back() {
+        ids->rolled_back();
+        for (auto& c : contributors) c->rolled_back();
+    }
 };
 
 namespace {
@@ -165,8 +170,6 @@ private:
     write_txn& txn_;
     std::uint64_t time_ns_ = now_ns();
     std::unordered_map<std::pair<std::size_t, std::string>, row_slot, row_id_hash> rows_;
-    using contributor_set = std::unordered_set<std::string>;
-    std::vector<contributor_set> contributors_ = std::vector<contributor_set>(s_.projections.size());  // per projection
     std::map<std::string, std::uint64_t> streams_;
     std::set<std::string> dirty_streams_;
     std::map<std::string, std::optional<std::string>> parked_;  // nullopt: deleted in this batch
@@ -367,7 +370,7 @@ outcome batch_run::apply_projections(const envelope& ev, std::string_view messag
         c.slot->header.applied += 1;
         if (c.own_stream) c.slot->header.highest_sequence = std::max(c.slot->header.highest_sequence, *ev.sequence);
         c.slot->dirty = true;
-        contributors_[c.projection].insert(std::move(c.contributor));
+        s_.contributors[c.projection]->stage(c.contributor, time_ns_);
     }
     return outcome{outcome_kind::applied, reason::none, {}, 0};
 }
@@ -389,8 +392,7 @@ batch_run::row_slot& batch_run::load_row(std::size_t p, const std::string& key) 
 }
 
 bool batch_run::has_contributor(std::size_t p, const std::string& contributor_key) const {
-    if (contributors_[p].contains(contributor_key)) return true;
-    return txn_.get(s_.tables[p], contributor_key).has_value();
+    return s_.contributors[p]->contains(txn_, contributor_key);
 }
 
 std::uint64_t batch_run::stream_highest(const std::string& subject) {
@@ -409,8 +411,7 @@ std::optional<std::string> batch_run::parked_value(const std::string& key) const
 
 void batch_run::finish(const std::optional<checkpoint>& at, std::uint64_t commit) {
     std::string value;
-    // Rows and their contributors share one table; writing each table's keys in order
-    // walks the B-tree left to right, and a row and the effect keys added to it share a leaf.
+    // Writing each table's keys in order walks its B-tree left to right once.
     std::vector<std::pair<std::pair<std::size_t, std::string>, row_slot*>> dirty;
     for (auto& [id, slot] : rows_) {
         if (slot.dirty) dirty.emplace_back(std::pair{id.first, codec::row_key(id.second)}, &slot);
@@ -426,11 +427,7 @@ void batch_run::finish(const std::optional<checkpoint>& at, std::uint64_t commit
         codec::encode_row(value, slot->header, state);
         txn_.put(s_.tables[id.first], id.second, value);
     }
-    for (std::size_t p = 0; p < contributors_.size(); ++p) {
-        std::vector<std::string_view> keys(contributors_[p].begin(), contributors_[p].end());
-        std::sort(keys.begin(), keys.end());
-        for (auto key : keys) txn_.put(s_.tables[p], key, {});
-    }
+    for (auto& c : s_.contributors) c->write(txn_);
     s_.ids->write(txn_);
     if (!dead_letters_.empty()) {
         cursor c{txn_, s_.dead};
@@ -467,6 +464,7 @@ void batch_run::finish(const std::optional<checkpoint>& at, std::uint64_t commit
 std::vector<outcome> store::impl::run(std::span<const delivery> batch, const std::optional<checkpoint>& at) {
     write_txn txn{*env};
     ids->catch_up(txn);
+    for (auto& c : contributors) c->catch_up(txn);
     std::uint64_t commit = 1;
     if (auto v = txn.get(meta, commit_key); v && v->size() >= 8) commit = codec::get_u64_le(*v) + 1;
 
@@ -483,6 +481,7 @@ std::vector<outcome> store::impl::run(std::span<const delivery> batch, const std
     if (options.before_commit) options.before_commit(commit);
     txn.commit();
     ids->committed();
+    for (auto& c : contributors) c->committed();
     return outcomes;
 }
 
@@ -515,7 +514,7 @@ store::store(store_options options) : impl_(std::make_unique<impl>()) {
     impl_->parked = env.table("parked/" + o.consumer);
     impl_->dead = env.table("deadletter/" + o.consumer);
     impl_->checkpoints = env.table("checkpoint/" + o.consumer);
-    impl_->ids = std::make_unique<inbox>(env, o.consumer);
+    impl_->ids = std::make_unique<id_log>(env, "inbox/" + o.consumer);
 }
 
 store::~store() = default;
@@ -530,6 +529,7 @@ store& store::add_projection(std::unique_ptr<projection_base> p) {
         throw_error(errc::invalid_argument, "projection name '" + p->name() + "' must be non-empty without '/'");
     }
     impl_->tables.push_back(impl_->env->table("proj/" + p->name()));
+    impl_->contributors.push_back(std::make_unique<id_log>(*impl_->env, "contrib/" + p->name()));
     impl_->projections.push_back(std::move(p));
     return *this;
 }
@@ -539,10 +539,10 @@ std::vector<outcome> store::apply(std::span<const delivery> batch, const std::op
         try {
             return impl_->run(batch, at);
         } catch (const std::system_error& e) {
-            impl_->ids->rolled_back();
+            impl_->rolled_back();
             if (e.code() != errc::map_full) throw;
         } catch (...) {
-            impl_->ids->rolled_back();
+            impl_->rolled_back();
             throw;
         }
         // The transaction is gone (aborted by unwinding): grow with none of ours live (throws
@@ -591,34 +591,40 @@ void snapshot::scan_raw(std::string_view projection, const std::function<void(co
     if (!t) throw_error(errc::unknown_projection, "no projection '" + std::string(projection) + "' in '" +
                                                        env_->path().string() + "'");
     cursor c{txn_, *t};
-    for (auto e = c.first(); e;) {
+    for (auto e = c.first(); e; e = c.next()) {
         auto k = codec::decode_table_key(e->first);
-        if (!k) throw_error(errc::corrupt_record, "unreadable key in projection '" + std::string(projection) + "'");
-        if (!k->is_row) {
-            // Skip the rest of this row's contributing set in one seek.
-            e = c.seek(codec::after_contributors(k->aggregate));
-            continue;
+        if (!k || !k->is_row) {
+            throw_error(errc::corrupt_record, "unreadable key in projection '" + std::string(projection) + "'");
         }
         auto r = codec::decode_row(e->second);
         fn(raw_row_view{k->aggregate, r.header.applied, r.header.highest_sequence, r.header.state_version, r.state});
-        e = c.next();
+    }
+}
+
+void snapshot::scan_contributors(std::string_view projection, std::string_view key,
+                                 const std::function<void(std::string_view effect)>& fn) const {
+    auto t = table("contrib/" + std::string(projection));
+    if (!t) return;
+    // The log is in commit order, not by row: a query walks all of it (diagnostics only;
+    // the writer answers membership from its in-memory index).
+    const auto prefix = codec::contributor_key(key, {});
+    cursor c{txn_, *t};
+    for (auto e = c.first(); e; e = c.next()) {
+        auto id = e->second.substr(8);
+        if (id.starts_with(prefix)) fn(id.substr(prefix.size()));
     }
 }
 
 std::size_t snapshot::contributors(std::string_view projection, std::string_view key) const {
-    auto t = table("proj/" + std::string(projection));
-    if (!t) return 0;
-    cursor c{txn_, *t};
-    auto first = codec::contributor_key(key, {});
-    auto end = codec::after_contributors(key);
     std::size_t n = 0;
-    for (auto e = c.seek(first); e && e->first < std::string_view{end}; e = c.next()) ++n;
+    scan_contributors(projection, key, [&](std::string_view) { ++n; });
     return n;
 }
 
 bool snapshot::contributed(std::string_view projection, std::string_view key, std::string_view effect) const {
-    auto t = table("proj/" + std::string(projection));
-    return t && txn_.get(*t, codec::contributor_key(key, effect)).has_value();
+    bool found = false;
+    scan_contributors(projection, key, [&](std::string_view e) { found = found || e == effect; });
+    return found;
 }
 
 std::uint64_t snapshot::commit() const {

@@ -186,9 +186,13 @@ public:
     std::optional<raw_row_view> raw_row(std::string_view projection, std::string_view key) const;
     /// Calls fn(raw_row_view) for every row of a projection, in key order.
     void scan_raw(std::string_view projection, const std::function<void(const raw_row_view&)>& fn) const;
-    /// Returns the number of effect keys in a row's contributing set.
+    /// Calls fn(effect key) for each effect key in a row's contributing set, oldest first.
+    /// Walks the projection's whole contributor log: for diagnostics, not hot paths.
+    void scan_contributors(std::string_view projection, std::string_view key,
+                           const std::function<void(std::string_view effect)>& fn) const;
+    /// Returns the number of effect keys in a row's contributing set (walks the log).
     std::size_t contributors(std::string_view projection, std::string_view key) const;
-    /// Returns whether effect contributed to a row.
+    /// Returns whether effect contributed to a row (walks the log).
     bool contributed(std::string_view projection, std::string_view key, std::string_view effect) const;
 
     /// Returns the commit number this snapshot sees (0: nothing committed yet).

@@ -26,17 +26,17 @@ std::uint64_t get_u64_le(std::string_view in) noexcept;
 /// Reads 4 little-endian bytes.
 std::uint32_t get_u32_le(std::string_view in) noexcept;
 
-// A projection's table holds each row and, right after it, the row's contributing set:
-//   row:          escaped(aggregate) 00 00               -> row record
-//   contributor:  escaped(aggregate) 00 01 effect-key    -> (empty)
+// A projection's table holds its rows under   escaped(aggregate) 00 00.
+// A row's contributing set lives in the projection's contributor log as ids
+//                                              escaped(aggregate) 00 01 effect-key.
 // escaped() doubles as 00 FF for every 00 byte, which keeps rows in key order and makes
-// the encoding prefix-free, so no aggregate key can alias another's entries.
+// the encoding prefix-free, so no aggregate key can alias another's row or effects.
 
 /// Returns the table key of an aggregate's row.
 std::string row_key(std::string_view aggregate);
-/// Returns the table key recording that effect contributed to aggregate's row.
+/// Returns the id recording that effect contributed to aggregate's row (also a (key, suffix) pair key).
 std::string contributor_key(std::string_view aggregate, std::string_view effect);
-/// Returns the first key past every contributor of aggregate (a seek target when scanning rows).
+/// Returns the first key past every contributor_key(aggregate, ...).
 std::string after_contributors(std::string_view aggregate);
 /// Returns the bytes an aggregate key takes in a table key before any suffix.
 std::size_t escaped_size(std::string_view aggregate) noexcept;

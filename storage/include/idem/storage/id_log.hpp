@@ -1,6 +1,9 @@
 #pragma once
 
-// A consumer's inbox: the message ids it has processed, with their processing time.
+// An id log: a set of ids that only grows by appends (and shrinks from its head when
+// pruned), with the time each was recorded. It holds a consumer's inbox (processed message
+// ids, "inbox/<consumer>") and a projection's contributing sets (row + effect key pairs,
+// "contrib/<projection>").
 //
 // On disk it is an append-only log keyed by a monotonically increasing position
 // (8-byte big-endian), value = [processing time, ns, u64 LE][message id]. Appends
@@ -23,20 +26,20 @@
 
 namespace idem {
 
-/// The processed message ids of one consumer (see the file comment for the layout).
+/// A set of ids kept as an append-only log plus an in-memory index (see the file comment).
 ///
-/// Not thread-safe: used by the single writer of the consumer.
-class inbox {
+/// Not thread-safe: used by the single writer that owns the table.
+class id_log {
 public:
-    /// Opens (creating) the table "inbox/<consumer>" and builds the index from it.
-    inbox(environment& env, const std::string& consumer);
+    /// Opens (creating) the table and builds the index from it.
+    id_log(environment& env, const std::string& table);
 
     /// Extends the index with entries other writers appended since it was last current.
     void catch_up(const txn_base& txn);
-    /// Returns whether message_id was recorded, in the log as txn sees it or staged in this batch.
-    bool contains(const txn_base& txn, std::string_view message_id) const;
-    /// Records message_id for the batch being built; it becomes visible to contains() at once.
-    void stage(std::string_view message_id, std::uint64_t time_ns);
+    /// Returns whether id was recorded, in the log as txn sees it or staged in this batch.
+    bool contains(const txn_base& txn, std::string_view id) const;
+    /// Records id for the batch being built; it becomes visible to contains() at once.
+    void stage(std::string_view id, std::uint64_t time_ns);
     /// Appends the staged ids to the log inside txn.
     void write(write_txn& txn);
     /// Merges the staged ids into the index; call only after the commit succeeded.

@@ -1,4 +1,4 @@
-#include <idem/storage/inbox.hpp>
+#include <idem/storage/id_log.hpp>
 
 #include "temp_dir.hpp"
 
@@ -10,7 +10,7 @@ using idem::test::temp_dir;
 
 namespace {
 
-void record(idem::environment& env, idem::inbox& box, std::initializer_list<std::string> ids) {
+void record(idem::environment& env, idem::id_log& box, std::initializer_list<std::string> ids) {
     idem::write_txn w{env};
     box.catch_up(w);
     for (const auto& id : ids) box.stage(id, 1);
@@ -21,12 +21,12 @@ void record(idem::environment& env, idem::inbox& box, std::initializer_list<std:
 
 }  // namespace
 
-TEST_SUITE("inbox") {
+TEST_SUITE("id_log") {
 
 TEST_CASE("a committed id is found, an aborted one is not") {
     temp_dir dir;
     auto env = idem::environment::open(dir / "db", {.sync = idem::durability::none});
-    idem::inbox box{*env, "c"};
+    idem::id_log box{*env, "inbox/c"};
     record(*env, box, {"m-1", "m-2"});
     {
         idem::write_txn w{*env};
@@ -48,14 +48,14 @@ TEST_CASE("many ids survive reopening and the index grows past its first size") 
     temp_dir dir;
     auto env = idem::environment::open(dir / "db", {.sync = idem::durability::none});
     {
-        idem::inbox box{*env, "c"};
+        idem::id_log box{*env, "inbox/c"};
         idem::write_txn w{*env};
         for (int i = 0; i < 5000; ++i) box.stage("id-" + std::to_string(i), 1);
         box.write(w);
         w.commit();
         box.committed();
     }
-    idem::inbox reopened{*env, "c"};
+    idem::id_log reopened{*env, "inbox/c"};
     CHECK(reopened.size() == 5000);
     idem::read_txn r{*env};
     for (int i = 0; i < 5000; ++i) CHECK(reopened.contains(r, "id-" + std::to_string(i)));
@@ -65,8 +65,8 @@ TEST_CASE("many ids survive reopening and the index grows past its first size") 
 TEST_CASE("ids appended by another writer are seen after catching up") {
     temp_dir dir;
     auto env = idem::environment::open(dir / "db", {.sync = idem::durability::none});
-    idem::inbox mine{*env, "c"};
-    idem::inbox theirs{*env, "c"};  // stands for a writer in another process
+    idem::id_log mine{*env, "inbox/c"};
+    idem::id_log theirs{*env, "inbox/c"};  // stands for a writer in another process
     record(*env, mine, {"a"});
     record(*env, theirs, {"b", "c"});
     idem::write_txn w{*env};
@@ -83,10 +83,10 @@ TEST_CASE("ids appended by another writer are seen after catching up") {
     CHECK(r.entries(mine.table()) == 4);
 }
 
-TEST_CASE("each inbox entry costs a few dozen bytes of log, appended in order") {
+TEST_CASE("each entry costs a few dozen bytes of log, appended in order") {
     temp_dir dir;
     auto env = idem::environment::open(dir / "db", {.sync = idem::durability::none});
-    idem::inbox box{*env, "c"};
+    idem::id_log box{*env, "inbox/c"};
     idem::write_txn w{*env};
     for (int i = 0; i < 10000; ++i) box.stage("0f8fad5b-d9cb-469f-a165-" + std::to_string(100000000000 + i), 1);
     box.write(w);
