@@ -119,6 +119,20 @@ struct store::impl {
     envelope_parser parser;
 
     std::vector<outcome> run(std::span<const delivery> batch, const std::optional<checkpoint>& at);
+    void open_tables() {
+        streams = env->table("streams/" + options.consumer);
+        parked = env->table("parked/" + options.consumer);
+        dead = env->table("deadletter/" + options.consumer);
+        checkpoints = env->table("checkpoint/" + options.consumer);
+        ids = std::make_unique<id_log>(*env, "inbox/" + options.consumer);
+        tables.clear();
+        contributors.clear();
+        for (const auto& p : projections) open_projection(*p);
+    }
+    void open_projection(const projection_base& p) {
+        tables.push_back(env->table("proj/" + p.name()));
+        contributors.push_back(std::make_unique<id_log>(*env, "contrib/" + p.name()));
+    }
     void rolled_back() {
         ids->rolled_back();
         for (auto& c : contributors) c->rolled_back();
@@ -510,11 +524,14 @@ store::store(store_options options) : impl_(std::make_unique<impl>()) {
                                                    ", this build reads format " + std::to_string(storage_format));
         }
     });
-    impl_->streams = env.table("streams/" + o.consumer);
-    impl_->parked = env.table("parked/" + o.consumer);
-    impl_->dead = env.table("deadletter/" + o.consumer);
-    impl_->checkpoints = env.table("checkpoint/" + o.consumer);
-    impl_->ids = std::make_unique<id_log>(env, "inbox/" + o.consumer);
+    impl_->open_tables();
+}
+
+void store::reopen() {
+    impl_->rolled_back();
+    impl_->env->reopen();
+    impl_->meta = impl_->env->table("meta");
+    impl_->open_tables();
 }
 
 store::~store() = default;
@@ -528,8 +545,7 @@ store& store::add_projection(std::unique_ptr<projection_base> p) {
     if (p->name().empty() || p->name().find('/') != std::string::npos) {
         throw_error(errc::invalid_argument, "projection name '" + p->name() + "' must be non-empty without '/'");
     }
-    impl_->tables.push_back(impl_->env->table("proj/" + p->name()));
-    impl_->contributors.push_back(std::make_unique<id_log>(*impl_->env, "contrib/" + p->name()));
+    impl_->open_projection(*p);
     impl_->projections.push_back(std::move(p));
     return *this;
 }

@@ -68,6 +68,10 @@ std::shared_ptr<environment> environment::open(const std::filesystem::path& path
 
 environment::environment(std::filesystem::path path, const environment_options& options)
     : path_(std::move(path)), options_(options) {
+    open_handle(options_.map_size);
+}
+
+void environment::open_handle(std::size_t map_size) {
     if (int rc = mdb_env_create(&env_); rc != 0) {
         throw_lmdb(rc, "cannot create " + describe(path_));
     }
@@ -79,16 +83,29 @@ environment::environment(std::filesystem::path path, const environment_options& 
     if (int rc = mdb_env_set_maxdbs(env_, options_.max_tables); rc != 0) fail(rc, "cannot set max tables of");
     if (int rc = mdb_env_set_maxreaders(env_, options_.max_readers); rc != 0) fail(rc, "cannot set max readers of");
     if (!options_.read_only) {
-        if (int rc = mdb_env_set_mapsize(env_, options_.map_size); rc != 0) fail(rc, "cannot set map size of");
+        if (int rc = mdb_env_set_mapsize(env_, map_size); rc != 0) fail(rc, "cannot set map size of");
     }
     unsigned flags = MDB_NOTLS | MDB_NORDAHEAD;
     if (options_.read_only) flags |= MDB_RDONLY;
-    if (options_.sync == durability::none) flags |= MDB_NOSYNC;
+    if (options_.sync != durability::full) flags |= MDB_NOSYNC;
     if (int rc = mdb_env_open(env_, path_.c_str(), flags, 0644); rc != 0) fail(rc, "cannot open");
     // Reader slots of crashed processes would pin old pages forever (and grow the file).
     int dead = 0;
     if (int rc = mdb_reader_check(env_, &dead); rc != 0) fail(rc, "cannot check readers of");
     max_key_size_ = static_cast<std::size_t>(mdb_env_get_maxkeysize(env_));
+}
+
+void environment::reopen() {
+    if (held_by_this_thread()) {
+        throw_error(errc::panic, "cannot reopen " + describe(path_) + " while this thread holds a transaction of it");
+    }
+    std::unique_lock gate{gate_};
+    std::scoped_lock lock{tables_mutex_};
+    auto size = map_size();
+    mdb_env_close(env_);
+    env_ = nullptr;
+    tables_.clear();
+    open_handle(size);
 }
 
 environment::~environment() {

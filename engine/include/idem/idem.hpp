@@ -7,3 +7,4 @@
 #include <idem/storage/envelope.hpp>
 #include <idem/storage/error.hpp>
 #include <idem/storage/lmdb.hpp>
+#include <idem/engine/engine.hpp>

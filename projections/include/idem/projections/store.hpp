@@ -122,6 +122,9 @@ public:
     std::vector<outcome> apply(std::span<const delivery> batch, const std::optional<checkpoint>& at = std::nullopt);
     /// Applies a single delivery (a batch of one).
     outcome apply(const delivery& d);
+    /// Closes and reopens the environment and rebuilds every index from disk (after MDB_PANIC).
+    /// Waits until no snapshot of this process is live.
+    void reopen();
 
     /// Returns a snapshot of the committed state (usable from any thread).
     snapshot read() const;

@@ -28,8 +28,9 @@ namespace idem {
 
 /// How the environment syncs commits to disk.
 enum class durability {
-    full,  ///< every commit is fsync'ed before it returns: acknowledged means durable
-    none,  ///< no fsync at all (rebuilds, tests): a power loss may lose recent commits
+    full,      ///< every commit is fsync'ed before it returns: acknowledged means durable
+    periodic,  ///< commits are not fsync'ed; whoever acknowledges syncs (environment::sync) before acking
+    none,      ///< no fsync at all (rebuilds, tests): a power loss may lose recent commits
 };
 
 /// Options for opening an LMDB environment.
@@ -87,14 +88,18 @@ public:
     void write(const std::function<void(write_txn&)>& fn);
     /// Returns the current map size in bytes.
     std::size_t map_size() const;
-    /// Flushes buffered commits to disk (meaningful with durability::none).
+    /// Flushes buffered commits to disk (meaningful with durability::periodic and none).
     void sync(bool force = true);
+    /// Closes and reopens the LMDB handle (after MDB_PANIC); waits until no transaction of this
+    /// process is live. Table handles are reopened by name; their numbers may change.
+    void reopen();
     /// Returns the largest key (and dupsort value) LMDB accepts, 511 bytes by default.
     std::size_t max_key_size() const noexcept { return max_key_size_; }
 
 private:
     friend class txn_base;
     environment(std::filesystem::path path, const environment_options& options);
+    void open_handle(std::size_t map_size);
     MDB_txn* begin(unsigned flags, std::shared_lock<std::shared_mutex>& gate);
     void end(std::thread::id owner) noexcept;
     bool held_by_this_thread();

@@ -1,0 +1,163 @@
+#pragma once
+
+// The asynchronous engine: an Asio front over the synchronous apply path. One writer
+// thread owns every LMDB write transaction and batches concurrent submissions (group
+// commit); a submission completes only after the commit that recorded it is durable.
+
+#include <idem/projections/store.hpp>
+
+#include <boost/asio/any_completion_handler.hpp>
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/associated_executor.hpp>
+#include <boost/asio/async_result.hpp>
+#include <boost/asio/execution/outstanding_work.hpp>
+#include <boost/asio/prefer.hpp>
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <system_error>
+
+namespace idem {
+
+/// Options of an engine.
+struct engine_options {
+    /// The environment, consumer and apply rules; store.sync picks the durability mode:
+    /// full (fsync every batch, then ack), periodic (fsync at most every sync_interval; acks
+    /// wait for the sync that covers them, so an ack still means durable), none (never fsync:
+    /// an ack means committed, not durable — for rebuilds and tests only).
+    store_options store{};
+    std::size_t max_batch = 4096;                     ///< deliveries per transaction at most
+    std::chrono::microseconds max_delay{0};           ///< how long a busy writer lingers to fill a batch
+    std::size_t max_in_flight = 65536;                ///< accepted and not completed; past it submissions wait
+    std::chrono::milliseconds sync_interval{10};      ///< periodic durability: the longest an ack waits for a sync
+};
+
+/// A distribution summary over the most recent samples.
+struct distribution {
+    double p50 = 0;
+    double p99 = 0;
+    double max = 0;
+    std::uint64_t count = 0;  ///< samples ever recorded
+};
+
+/// Counters and distributions of a running engine (since it was constructed).
+struct engine_stats {
+    std::array<std::uint64_t, outcome_kinds> outcomes{};  ///< completed deliveries by outcome_kind
+    std::uint64_t failed = 0;         ///< deliveries completed with an error
+    std::uint64_t batches = 0;        ///< committed batches
+    std::uint64_t syncs = 0;          ///< explicit syncs (periodic durability)
+    std::uint64_t last_commit = 0;    ///< commit number of the last committed batch
+    std::uint64_t durable_commit = 0; ///< last commit known durable (completions never run ahead of it)
+    std::size_t queue_depth = 0;      ///< accepted, waiting for the writer
+    std::size_t waiting = 0;          ///< submitted past max_in_flight, not yet accepted
+    std::size_t in_flight = 0;        ///< accepted and not yet completed
+    distribution batch_size;          ///< deliveries per committed batch
+    distribution commit_seconds;      ///< apply + commit (+ sync) time per batch
+    distribution ack_seconds;         ///< submission to completion per delivery
+};
+
+/// Applies deliveries asynchronously with group commit over a store.
+///
+/// Thread safety: async_apply, async_flush, async_stop, read and stats may be called from
+/// any thread. add() must be called before the first submission.
+class engine {
+public:
+    using executor_type = boost::asio::any_io_executor;
+    /// The completion signature of async_apply.
+    using apply_signature = void(std::error_code, outcome);
+
+    /// Opens the store and starts the writer thread. Completion handlers without an
+    /// associated executor run on ex. Throws std::system_error naming the path.
+    engine(executor_type ex, engine_options options);
+    /// Stops as async_stop does and waits for the writer: accepted work is committed and
+    /// completed (handlers are posted; they run if their executor still runs).
+    ~engine();
+    engine(const engine&) = delete;
+    engine& operator=(const engine&) = delete;
+
+    /// Adds a projection; only before the first submission.
+    template <class State>
+    engine& add(projection<State>&& p) {
+        add_projection([&p](store& s) { s.add(std::move(p)); });
+        return *this;
+    }
+
+    /// Applies one delivery; completes with (error, outcome) after the commit that recorded
+    /// it is durable as the durability mode defines. Works with any completion token
+    /// (callback, use_future, use_awaitable, deferred). The handler is never invoked from
+    /// within this function; it runs on its associated executor (default: the engine's).
+    /// Errors: operation_canceled (ECANCELED) after stop; the storage error of a batch that
+    /// failed to commit (then no delivery of that batch was applied). With use_future and
+    /// use_awaitable the result is a std::tuple<std::error_code, outcome>.
+    /// GCC 12 miscompiles braced temporaries inside co_await expressions: in a coroutine, pass
+    /// a named delivery (`co_await e.async_apply(std::move(d), use_awaitable)`).
+    template <boost::asio::completion_token_for<apply_signature> CompletionToken>
+    auto async_apply(delivery d, CompletionToken&& token) {
+        return boost::asio::async_initiate<CompletionToken, apply_signature>(
+            [this](auto handler, delivery&& body) {
+                auto ex = tracked(boost::asio::get_associated_executor(handler, executor_));
+                submit(std::move(body), boost::asio::any_completion_handler<apply_signature>(std::move(handler)),
+                       std::move(ex));
+            },
+            token, std::move(d));
+    }
+
+    /// Completes (with no error, or the engine's failure) once everything submitted before it
+    /// has completed and is durable.
+    template <boost::asio::completion_token_for<void(std::error_code)> CompletionToken>
+    auto async_flush(CompletionToken&& token) {
+        return boost::asio::async_initiate<CompletionToken, void(std::error_code)>(
+            [this](auto handler) {
+                auto ex = tracked(boost::asio::get_associated_executor(handler, executor_));
+                flush(boost::asio::any_completion_handler<void(std::error_code)>(std::move(handler)), std::move(ex),
+                      false);
+            },
+            token);
+    }
+
+    /// Stops accepting: work accepted before it is committed and completed, everything
+    /// submitted after it completes with operation_aborted; completes when the writer is done.
+    template <boost::asio::completion_token_for<void(std::error_code)> CompletionToken>
+    auto async_stop(CompletionToken&& token) {
+        return boost::asio::async_initiate<CompletionToken, void(std::error_code)>(
+            [this](auto handler) {
+                auto ex = tracked(boost::asio::get_associated_executor(handler, executor_));
+                flush(boost::asio::any_completion_handler<void(std::error_code)>(std::move(handler)), std::move(ex),
+                      true);
+            },
+            token);
+    }
+
+    /// Returns a snapshot of the committed state. Taken after an outcome arrived, it includes
+    /// that outcome's commit.
+    snapshot read() const;
+    /// Returns a snapshot that includes commit at_least; throws errc::invalid_argument if the
+    /// environment has not reached it (the commit number came from elsewhere).
+    snapshot read(std::uint64_t at_least) const;
+    /// Returns the counters and distributions.
+    engine_stats stats() const;
+    /// Renders stats() in the Prometheus text exposition format.
+    std::string prometheus() const;
+    /// Returns the executor completions default to.
+    const executor_type& get_executor() const noexcept { return executor_; }
+
+    struct impl;  ///< opaque: the implementation's state
+
+private:
+    template <class Executor>
+    static executor_type tracked(const Executor& ex) {
+        return boost::asio::prefer(ex, boost::asio::execution::outstanding_work.tracked);
+    }
+    void add_projection(const std::function<void(store&)>& add);
+    void submit(delivery d, boost::asio::any_completion_handler<apply_signature> handler, executor_type ex);
+    void flush(boost::asio::any_completion_handler<void(std::error_code)> handler, executor_type ex, bool stop);
+
+    executor_type executor_;
+    std::unique_ptr<impl> impl_;
+};
+
+}  // namespace idem

@@ -1,0 +1,433 @@
+#include <idem/engine/engine.hpp>
+
+#include <boost/asio/post.hpp>
+
+#include <algorithm>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <thread>
+#include <variant>
+#include <vector>
+
+namespace idem {
+namespace {
+
+using clock = std::chrono::steady_clock;
+using apply_handler = boost::asio::any_completion_handler<engine::apply_signature>;
+using marker_handler = boost::asio::any_completion_handler<void(std::error_code)>;
+
+struct pending_apply {
+    delivery body;
+    apply_handler handler;
+    engine::executor_type ex;
+    clock::time_point submitted;
+};
+
+// A flush or stop request: completes when everything queued before it is durable.
+struct pending_marker {
+    std::optional<marker_handler> handler;  // none: the destructor's own stop
+    engine::executor_type ex;
+    bool stop = false;
+};
+
+using item = std::variant<pending_apply, pending_marker>;
+
+std::error_code aborted() { return std::make_error_code(std::errc::operation_canceled); }
+
+// The most recent samples of a quantity, for percentiles that follow the current load.
+class sample_window {
+public:
+    void add(double v) {
+        if (samples_.size() < capacity) {
+            samples_.push_back(v);
+        } else {
+            samples_[next_] = v;
+        }
+        next_ = (next_ + 1) % capacity;
+        ++count_;
+        max_ = std::max(max_, v);
+    }
+    distribution summary() const {
+        distribution d;
+        d.count = count_;
+        d.max = max_;
+        if (samples_.empty()) return d;
+        auto sorted = samples_;
+        auto at = [&](double q) {
+            auto i = static_cast<std::size_t>(q * static_cast<double>(sorted.size() - 1));
+            std::nth_element(sorted.begin(), sorted.begin() + static_cast<std::ptrdiff_t>(i), sorted.end());
+            return sorted[i];
+        };
+        d.p50 = at(0.50);
+        d.p99 = at(0.99);
+        return d;
+    }
+
+private:
+    static constexpr std::size_t capacity = 16384;
+    std::vector<double> samples_;
+    std::size_t next_ = 0;
+    std::uint64_t count_ = 0;
+    double max_ = 0;
+};
+
+double seconds_since(clock::time_point t) { return std::chrono::duration<double>(clock::now() - t).count(); }
+
+}  // namespace
+
+struct engine::impl {
+    engine_options options;
+    std::unique_ptr<store> st;
+
+    mutable std::mutex m;
+    std::condition_variable cv;
+    std::deque<item> queue;     // accepted, in order
+    std::deque<item> waiting;   // submitted past max_in_flight, in order
+    std::size_t in_flight = 0;  // accepted applies not yet completed
+    bool started = false;
+    bool stopping = false;      // no submission is accepted any more
+    std::error_code failure;    // sticky: the environment could not be recovered
+
+    // Writer-thread state.
+    std::vector<std::pair<pending_apply, outcome>> held;  // committed, waiting for a sync (periodic)
+    clock::time_point last_sync = clock::now();
+    bool done = false;
+
+    // Statistics, under m.
+    engine_stats counters;
+    sample_window batch_sizes;
+    sample_window commit_times;
+    sample_window ack_times;
+
+    std::thread writer;
+
+    void run();
+    void commit(std::vector<pending_apply>& batch);
+    void sync_and_release();
+    void release(std::vector<std::pair<pending_apply, outcome>>& ready, std::error_code ec);
+    void finish_marker(pending_marker& marker);
+    void admit();  // under m
+    bool durable_acks() const { return options.store.sync == durability::periodic; }
+};
+
+namespace {
+
+void post_apply(pending_apply& p, std::error_code ec, outcome o) {
+    auto ex = std::move(p.ex);
+    boost::asio::post(ex, [h = std::move(p.handler), ec, o = std::move(o)]() mutable { std::move(h)(ec, std::move(o)); });
+}
+
+void post_marker(pending_marker& p, std::error_code ec) {
+    if (!p.handler) return;
+    auto ex = std::move(p.ex);
+    boost::asio::post(ex, [h = std::move(*p.handler), ec]() mutable { std::move(h)(ec); });
+}
+
+}  // namespace
+
+engine::engine(executor_type ex, engine_options options) : executor_(std::move(ex)), impl_(std::make_unique<impl>()) {
+    if (options.max_batch == 0 || options.max_in_flight == 0) {
+        throw_error(errc::invalid_argument, "engine options: max_batch and max_in_flight must be positive");
+    }
+    impl_->options = std::move(options);
+    impl_->st = std::make_unique<store>(impl_->options.store);
+    impl_->writer = std::thread([this] { impl_->run(); });
+}
+
+engine::~engine() {
+    {
+        std::scoped_lock lock{impl_->m};
+        if (!impl_->stopping) {
+            impl_->stopping = true;
+            pending_marker stop{std::nullopt, executor_, true};
+            (impl_->waiting.empty() ? impl_->queue : impl_->waiting).emplace_back(std::move(stop));
+        }
+        impl_->cv.notify_all();
+    }
+    impl_->writer.join();
+}
+
+void engine::add_projection(const std::function<void(store&)>& add) {
+    std::scoped_lock lock{impl_->m};
+    if (impl_->started) {
+        throw_error(errc::invalid_argument, "projections are added before the first submission");
+    }
+    add(*impl_->st);
+}
+
+void engine::submit(delivery d, apply_handler handler, executor_type ex) {
+    pending_apply p{std::move(d), std::move(handler), std::move(ex), clock::now()};
+    std::unique_lock lock{impl_->m};
+    impl_->started = true;
+    if (impl_->stopping) {
+        lock.unlock();
+        post_apply(p, aborted(), outcome{});
+        return;
+    }
+    if (impl_->waiting.empty() && impl_->in_flight < impl_->options.max_in_flight) {
+        ++impl_->in_flight;
+        impl_->queue.emplace_back(std::move(p));
+        impl_->cv.notify_one();
+    } else {
+        // Backpressure: held here, not in the writer's queue, until completions make room.
+        impl_->waiting.emplace_back(std::move(p));
+    }
+}
+
+void engine::flush(marker_handler handler, executor_type ex, bool stop) {
+    pending_marker marker{std::move(handler), std::move(ex), stop};
+    std::unique_lock lock{impl_->m};
+    impl_->started = true;
+    if (impl_->stopping) {
+        lock.unlock();
+        post_marker(marker, aborted());
+        return;
+    }
+    if (stop) impl_->stopping = true;
+    (impl_->waiting.empty() ? impl_->queue : impl_->waiting).emplace_back(std::move(marker));
+    impl_->cv.notify_one();
+}
+
+void engine::impl::admit() {
+    while (!waiting.empty()) {
+        if (auto* p = std::get_if<pending_apply>(&waiting.front())) {
+            if (in_flight >= options.max_in_flight) return;
+            ++in_flight;
+            (void)p;
+        }
+        queue.push_back(std::move(waiting.front()));
+        waiting.pop_front();
+    }
+}
+
+void engine::impl::run() {
+    std::vector<pending_apply> batch;
+    bool busy = false;  // the last pass found work without waiting for it
+    while (!done) {
+        std::optional<pending_marker> marker;
+        {
+            std::unique_lock lock{m};
+            auto has_work = [&] { return !queue.empty(); };
+            if (!has_work()) {
+                busy = false;
+                if (held.empty()) {
+                    cv.wait(lock, has_work);
+                } else {
+                    cv.wait_until(lock, last_sync + options.sync_interval, has_work);
+                }
+            } else if (busy && options.max_delay.count() > 0 && queue.size() < options.max_batch) {
+                // Under load, linger briefly to fill the batch; an idle writer never waits.
+                cv.wait_for(lock, options.max_delay, [&] { return queue.size() >= options.max_batch; });
+            }
+            while (!queue.empty() && batch.size() < options.max_batch) {
+                if (auto* m_ = std::get_if<pending_marker>(&queue.front())) {
+                    if (batch.empty()) {
+                        marker = std::move(*m_);
+                        queue.pop_front();
+                    }
+                    break;
+                }
+                batch.push_back(std::move(std::get<pending_apply>(queue.front())));
+                queue.pop_front();
+            }
+            busy = !batch.empty() || marker.has_value();
+            counters.queue_depth = queue.size();
+        }
+        if (!batch.empty()) {
+            commit(batch);
+            batch.clear();
+        } else if (marker) {
+            finish_marker(*marker);
+        } else if (!held.empty() && clock::now() >= last_sync + options.sync_interval) {
+            sync_and_release();
+        }
+    }
+}
+
+void engine::impl::commit(std::vector<pending_apply>& batch) {
+    auto started_at = clock::now();
+    std::vector<delivery> bodies;
+    bodies.reserve(batch.size());
+    for (auto& p : batch) bodies.push_back(std::move(p.body));
+
+    std::vector<outcome> outcomes;
+    std::error_code ec;
+    {
+        std::scoped_lock lock{m};
+        ec = failure;
+    }
+    if (!ec) {
+        try {
+            outcomes = st->apply(bodies);
+        } catch (const std::system_error& e) {
+            ec = e.code();
+        } catch (const std::exception&) {
+            ec = make_error_code(errc::storage_failed);
+        }
+    }
+    if (ec && ec == errc::panic) {
+        // The environment is unusable: reopen it and rebuild every index from disk, so that a
+        // commit whose outcome is unknown is judged by what is on disk when it is redelivered.
+        try {
+            st->reopen();
+        } catch (const std::system_error& e) {
+            std::scoped_lock lock{m};
+            failure = e.code();
+        }
+    }
+
+    std::vector<std::pair<pending_apply, outcome>> ready;
+    ready.reserve(batch.size());
+    for (std::size_t i = 0; i < batch.size(); ++i) {
+        ready.emplace_back(std::move(batch[i]), ec ? outcome{} : std::move(outcomes[i]));
+    }
+    {
+        std::scoped_lock lock{m};
+        if (!ec) {
+            ++counters.batches;
+            counters.last_commit = ready.front().second.commit;
+            batch_sizes.add(static_cast<double>(ready.size()));
+            commit_times.add(seconds_since(started_at));
+        }
+    }
+    if (ec) {
+        release(ready, ec);  // none of the batch was applied: every delivery gets the error
+        return;
+    }
+    if (durable_acks()) {
+        for (auto& r : ready) held.push_back(std::move(r));
+        if (clock::now() >= last_sync + options.sync_interval) sync_and_release();
+        return;
+    }
+    {
+        std::scoped_lock lock{m};
+        counters.durable_commit = counters.last_commit;
+    }
+    release(ready, {});
+}
+
+void engine::impl::sync_and_release() {
+    std::error_code ec;
+    try {
+        st->env()->sync(true);
+    } catch (const std::system_error& e) {
+        // The commits are in the map but may not be on disk: not acknowledged as durable.
+        ec = e.code();
+    }
+    last_sync = clock::now();
+    {
+        std::scoped_lock lock{m};
+        ++counters.syncs;
+        if (!ec) counters.durable_commit = counters.last_commit;
+    }
+    auto ready = std::move(held);
+    held.clear();
+    release(ready, ec);
+}
+
+void engine::impl::release(std::vector<std::pair<pending_apply, outcome>>& ready, std::error_code ec) {
+    {
+        std::scoped_lock lock{m};
+        for (auto& [p, o] : ready) {
+            if (ec) {
+                ++counters.failed;
+            } else {
+                ++counters.outcomes[static_cast<std::size_t>(o.kind)];
+            }
+            ack_times.add(seconds_since(p.submitted));
+        }
+        in_flight -= ready.size();
+        admit();
+        counters.in_flight = in_flight;
+        counters.waiting = waiting.size();
+        if (!queue.empty()) cv.notify_one();
+    }
+    for (auto& [p, o] : ready) post_apply(p, ec, std::move(o));
+}
+
+void engine::impl::finish_marker(pending_marker& marker) {
+    if (!held.empty()) sync_and_release();
+    if (options.store.sync == durability::none && marker.stop) {
+        try {
+            st->env()->sync(true);  // not promised, but cheap at the end
+        } catch (const std::system_error&) {
+        }
+    }
+    std::error_code ec;
+    {
+        std::scoped_lock lock{m};
+        ec = failure;
+        if (marker.stop) done = true;
+    }
+    post_marker(marker, ec);
+}
+
+snapshot engine::read() const { return impl_->st->read(); }
+
+snapshot engine::read(std::uint64_t at_least) const {
+    auto s = impl_->st->read();
+    if (s.commit() < at_least) {
+        throw_error(errc::invalid_argument, "commit " + std::to_string(at_least) + " is not in '" +
+                                                impl_->options.store.path.string() + "' (it is at " +
+                                                std::to_string(s.commit()) + ")");
+    }
+    return s;
+}
+
+engine_stats engine::stats() const {
+    std::scoped_lock lock{impl_->m};
+    auto s = impl_->counters;
+    s.queue_depth = impl_->queue.size();
+    s.waiting = impl_->waiting.size();
+    s.in_flight = impl_->in_flight;
+    s.batch_size = impl_->batch_sizes.summary();
+    s.commit_seconds = impl_->commit_times.summary();
+    s.ack_seconds = impl_->ack_times.summary();
+    return s;
+}
+
+std::string engine::prometheus() const {
+    auto s = stats();
+    const auto& consumer = impl_->options.store.consumer;
+    std::ostringstream out;
+    auto label = [&](std::string extra = {}) {
+        std::string l = "{consumer=\"" + consumer + "\"";
+        if (!extra.empty()) l += "," + extra;
+        return l + "}";
+    };
+    out << "# HELP idem_deliveries_total Deliveries completed, by outcome.\n"
+        << "# TYPE idem_deliveries_total counter\n";
+    for (std::size_t k = 0; k < outcome_kinds; ++k) {
+        out << "idem_deliveries_total"
+            << label("outcome=\"" + std::string(to_string(static_cast<outcome_kind>(k))) + "\"") << ' '
+            << s.outcomes[k] << '\n';
+    }
+    out << "idem_deliveries_total" << label("outcome=\"error\"") << ' ' << s.failed << '\n';
+    out << "# HELP idem_batches_total Batches committed.\n# TYPE idem_batches_total counter\n"
+        << "idem_batches_total" << label() << ' ' << s.batches << '\n';
+    out << "# HELP idem_syncs_total Explicit syncs (periodic durability).\n# TYPE idem_syncs_total counter\n"
+        << "idem_syncs_total" << label() << ' ' << s.syncs << '\n';
+    out << "# HELP idem_last_commit Commit number of the last committed batch.\n# TYPE idem_last_commit gauge\n"
+        << "idem_last_commit" << label() << ' ' << s.last_commit << '\n';
+    out << "# HELP idem_queue_depth Deliveries accepted and waiting for the writer.\n# TYPE idem_queue_depth gauge\n"
+        << "idem_queue_depth" << label() << ' ' << s.queue_depth << '\n';
+    out << "# HELP idem_in_flight Deliveries accepted and not yet completed.\n# TYPE idem_in_flight gauge\n"
+        << "idem_in_flight" << label() << ' ' << s.in_flight << '\n';
+    out << "# HELP idem_waiting Deliveries held back by the in-flight limit.\n# TYPE idem_waiting gauge\n"
+        << "idem_waiting" << label() << ' ' << s.waiting << '\n';
+    auto summary = [&](const char* name, const char* help, const distribution& d) {
+        out << "# HELP " << name << ' ' << help << "\n# TYPE " << name << " summary\n";
+        out << name << label("quantile=\"0.5\"") << ' ' << d.p50 << '\n';
+        out << name << label("quantile=\"0.99\"") << ' ' << d.p99 << '\n';
+        out << name << "_count" << label() << ' ' << d.count << '\n';
+    };
+    summary("idem_batch_size", "Deliveries per committed batch (recent).", s.batch_size);
+    summary("idem_commit_seconds", "Apply and commit time per batch (recent).", s.commit_seconds);
+    summary("idem_ack_seconds", "Submission to completion per delivery (recent).", s.ack_seconds);
+    return out.str();
+}
+
+}  // namespace idem
