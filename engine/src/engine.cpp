@@ -92,8 +92,7 @@ struct engine::impl {
     std::error_code failure;    // sticky: the environment could not be recovered
 
     // Writer-thread state.
-    std::vector<std::pair<pending_apply, outcome>> held;  // committed, waiting for a sync (periodic)
-    clock::time_point last_sync = clock::now();
+    clock::time_point last_commit_at{};  // when the last batch was committed (periodic pacing)
     bool done = false;
 
     // Statistics, under m.
@@ -106,11 +105,9 @@ struct engine::impl {
 
     void run();
     void commit(std::vector<pending_apply>& batch);
-    void sync_and_release();
     void release(std::vector<std::pair<pending_apply, outcome>>& ready, std::error_code ec);
     void finish_marker(pending_marker& marker);
     void admit();  // under m
-    bool durable_acks() const { return options.store.sync == durability::periodic; }
 };
 
 namespace {
@@ -211,21 +208,22 @@ void engine::impl::run() {
         {
             std::unique_lock lock{m};
             auto has_work = [&] { return !queue.empty(); };
+            auto full = [&] { return queue.size() >= options.max_batch; };
             if (!has_work()) {
                 busy = false;
-                if (held.empty()) {
-                    cv.wait(lock, has_work);
-                } else {
-                    cv.wait_until(lock, last_sync + options.sync_interval, has_work);
-                }
-            } else if (busy && options.max_delay.count() > 0 && queue.size() < options.max_batch) {
+                cv.wait(lock, has_work);
+            }
+            if (options.store.sync == durability::periodic) {
+                // At most one commit (one fsync) per interval: what arrives meanwhile joins it.
+                cv.wait_until(lock, last_commit_at + options.sync_interval, full);
+            } else if (busy && options.max_delay.count() > 0 && !full()) {
                 // Under load, linger briefly to fill the batch; an idle writer never waits.
-                cv.wait_for(lock, options.max_delay, [&] { return queue.size() >= options.max_batch; });
+                cv.wait_for(lock, options.max_delay, full);
             }
             while (!queue.empty() && batch.size() < options.max_batch) {
-                if (auto* m_ = std::get_if<pending_marker>(&queue.front())) {
+                if (auto* next = std::get_if<pending_marker>(&queue.front())) {
                     if (batch.empty()) {
-                        marker = std::move(*m_);
+                        marker = std::move(*next);
                         queue.pop_front();
                     }
                     break;
@@ -233,16 +231,13 @@ void engine::impl::run() {
                 batch.push_back(std::move(std::get<pending_apply>(queue.front())));
                 queue.pop_front();
             }
-            busy = !batch.empty() || marker.has_value();
-            counters.queue_depth = queue.size();
+            busy = true;
         }
         if (!batch.empty()) {
             commit(batch);
             batch.clear();
         } else if (marker) {
             finish_marker(*marker);
-        } else if (!held.empty() && clock::now() >= last_sync + options.sync_interval) {
-            sync_and_release();
         }
     }
 }
@@ -284,47 +279,18 @@ void engine::impl::commit(std::vector<pending_apply>& batch) {
     for (std::size_t i = 0; i < batch.size(); ++i) {
         ready.emplace_back(std::move(batch[i]), ec ? outcome{} : std::move(outcomes[i]));
     }
-    {
+    last_commit_at = clock::now();
+    if (!ec) {
+        // With full and periodic durability the commit returned after LMDB's fsync.
         std::scoped_lock lock{m};
-        if (!ec) {
-            ++counters.batches;
-            counters.last_commit = ready.front().second.commit;
-            batch_sizes.add(static_cast<double>(ready.size()));
-            commit_times.add(seconds_since(started_at));
-        }
-    }
-    if (ec) {
-        release(ready, ec);  // none of the batch was applied: every delivery gets the error
-        return;
-    }
-    if (durable_acks()) {
-        for (auto& r : ready) held.push_back(std::move(r));
-        if (clock::now() >= last_sync + options.sync_interval) sync_and_release();
-        return;
-    }
-    {
-        std::scoped_lock lock{m};
+        ++counters.batches;
+        if (options.store.sync != durability::none) ++counters.syncs;
+        counters.last_commit = ready.front().second.commit;
         counters.durable_commit = counters.last_commit;
+        batch_sizes.add(static_cast<double>(ready.size()));
+        commit_times.add(seconds_since(started_at));
     }
-    release(ready, {});
-}
-
-void engine::impl::sync_and_release() {
-    std::error_code ec;
-    try {
-        st->env()->sync(true);
-    } catch (const std::system_error& e) {
-        // The commits are in the map but may not be on disk: not acknowledged as durable.
-        ec = e.code();
-    }
-    last_sync = clock::now();
-    {
-        std::scoped_lock lock{m};
-        ++counters.syncs;
-        if (!ec) counters.durable_commit = counters.last_commit;
-    }
-    auto ready = std::move(held);
-    held.clear();
+    // On failure none of the batch was applied: every delivery gets the error.
     release(ready, ec);
 }
 
@@ -349,7 +315,7 @@ void engine::impl::release(std::vector<std::pair<pending_apply, outcome>>& ready
 }
 
 void engine::impl::finish_marker(pending_marker& marker) {
-    if (!held.empty()) sync_and_release();
+    // Everything before the marker was committed (and, unless durability is none, synced).
     if (options.store.sync == durability::none && marker.stop) {
         try {
             st->env()->sync(true);  // not promised, but cheap at the end
@@ -408,7 +374,7 @@ std::string engine::prometheus() const {
     out << "idem_deliveries_total" << label("outcome=\"error\"") << ' ' << s.failed << '\n';
     out << "# HELP idem_batches_total Batches committed.\n# TYPE idem_batches_total counter\n"
         << "idem_batches_total" << label() << ' ' << s.batches << '\n';
-    out << "# HELP idem_syncs_total Explicit syncs (periodic durability).\n# TYPE idem_syncs_total counter\n"
+    out << "# HELP idem_syncs_total Commits synced to disk.\n# TYPE idem_syncs_total counter\n"
         << "idem_syncs_total" << label() << ' ' << s.syncs << '\n';
     out << "# HELP idem_last_commit Commit number of the last committed batch.\n# TYPE idem_last_commit gauge\n"
         << "idem_last_commit" << label() << ' ' << s.last_commit << '\n';

@@ -87,7 +87,9 @@ void environment::open_handle(std::size_t map_size) {
     }
     unsigned flags = MDB_NOTLS | MDB_NORDAHEAD;
     if (options_.read_only) flags |= MDB_RDONLY;
-    if (options_.sync != durability::full) flags |= MDB_NOSYNC;
+    // periodic keeps LMDB's sync per commit: under MDB_NOSYNC a system crash can corrupt the
+    // file, not just lose commits. Its pacing (fewer, larger commits) is the engine's job.
+    if (options_.sync == durability::none) flags |= MDB_NOSYNC;
     if (int rc = mdb_env_open(env_, path_.c_str(), flags, 0644); rc != 0) fail(rc, "cannot open");
     // Reader slots of crashed processes would pin old pages forever (and grow the file).
     int dead = 0;

@@ -26,14 +26,15 @@ namespace idem {
 /// Options of an engine.
 struct engine_options {
     /// The environment, consumer and apply rules; store.sync picks the durability mode:
-    /// full (fsync every batch, then ack), periodic (fsync at most every sync_interval; acks
-    /// wait for the sync that covers them, so an ack still means durable), none (never fsync:
-    /// an ack means committed, not durable — for rebuilds and tests only).
+    /// full (every batch is fsync'ed, then completed), periodic (at most one commit, and so
+    /// one fsync, per sync_interval: deliveries arriving meanwhile join the next batch and
+    /// complete after its fsync, so a completion still means durable), none (never fsync:
+    /// a completion means committed, not durable — for rebuilds and tests only).
     store_options store{};
     std::size_t max_batch = 4096;                     ///< deliveries per transaction at most
     std::chrono::microseconds max_delay{0};           ///< how long a busy writer lingers to fill a batch
     std::size_t max_in_flight = 65536;                ///< accepted and not completed; past it submissions wait
-    std::chrono::milliseconds sync_interval{10};      ///< periodic durability: the longest an ack waits for a sync
+    std::chrono::milliseconds sync_interval{10};      ///< periodic durability: the shortest time between commits
 };
 
 /// A distribution summary over the most recent samples.
@@ -49,7 +50,7 @@ struct engine_stats {
     std::array<std::uint64_t, outcome_kinds> outcomes{};  ///< completed deliveries by outcome_kind
     std::uint64_t failed = 0;         ///< deliveries completed with an error
     std::uint64_t batches = 0;        ///< committed batches
-    std::uint64_t syncs = 0;          ///< explicit syncs (periodic durability)
+    std::uint64_t syncs = 0;          ///< commits synced to disk (all of them unless durability is none)
     std::uint64_t last_commit = 0;    ///< commit number of the last committed batch
     std::uint64_t durable_commit = 0; ///< last commit known durable (completions never run ahead of it)
     std::size_t queue_depth = 0;      ///< accepted, waiting for the writer

@@ -29,7 +29,7 @@ namespace idem {
 /// How the environment syncs commits to disk.
 enum class durability {
     full,      ///< every commit is fsync'ed before it returns: acknowledged means durable
-    periodic,  ///< commits are not fsync'ed; whoever acknowledges syncs (environment::sync) before acking
+    periodic,  ///< as full for each commit; the engine paces commits to at most one per interval
     none,      ///< no fsync at all (rebuilds, tests): a power loss may lose recent commits
 };
 
