@@ -9,6 +9,8 @@
 // to stderr; the table of medians goes to stdout. --only runs one variant (to measure
 // device-level writes of one of them from outside).
 
+#include "workload.hpp"
+
 #include <idem/idem.hpp>
 
 #include <lmdb.h>
@@ -17,17 +19,13 @@
 
 #include <algorithm>
 #include <array>
-#include <charconv>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
-#include <fstream>
-#include <map>
 #include <optional>
-#include <random>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -35,23 +33,18 @@
 #include <utility>
 #include <vector>
 
+[[noreturn]] void idem_bench::usage(const char* why) {
+    std::fprintf(stderr,
+                 "apply_bench: %s\n"
+                 "usage: apply_bench [--messages N] [--aggregates A] [--duplicates F] [--batch B]\n"
+                 "                   [--runs R] [--seed S] [--dir D] [--only idem|naive] [--quick]\n",
+                 why);
+    std::exit(2);
+}
+
 namespace {
 
-// The event payload and read model of examples/orders, so idem runs its documented path.
-struct line_added {
-    static constexpr const char* event_type = "order.line_added";
-    std::string order_id;
-    std::int64_t amount = 0;
-    template <class Archive>
-    void serialize(Archive& ar) { ar(CEREAL_NVP(order_id), CEREAL_NVP(amount)); }
-};
-
-struct order_total {
-    std::int64_t total = 0;
-    std::int64_t lines = 0;
-    template <class Archive>
-    void serialize(Archive& ar) { ar(total, lines); }
-};
+using namespace idem_bench;
 
 struct bench_options {
     std::size_t messages = 1'000'000;
@@ -63,25 +56,6 @@ struct bench_options {
     std::filesystem::path dir{};
     std::string only{};  // run just this variant ("" for both)
 };
-
-[[noreturn]] void usage(const char* why) {
-    std::fprintf(stderr,
-                 "apply_bench: %s\n"
-                 "usage: apply_bench [--messages N] [--aggregates A] [--duplicates F] [--batch B]\n"
-                 "                   [--runs R] [--seed S] [--dir D] [--only idem|naive] [--quick]\n",
-                 why);
-    std::exit(2);
-}
-
-template <class T>
-T parse_number(std::string_view name, std::string_view text) {
-    T value{};
-    auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-    if (ec != std::errc{} || end != text.data() + text.size()) {
-        usage(("bad value '" + std::string(text) + "' for " + std::string(name)).c_str());
-    }
-    return value;
-}
 
 bench_options parse_args(int argc, char** argv) {
     bench_options o;
@@ -136,139 +110,7 @@ bench_options parse_args(int argc, char** argv) {
     return o;
 }
 
-// --- workload ----------------------------------------------------------------
-
-struct totals {
-    std::int64_t total = 0;
-    std::int64_t lines = 0;
-};
-
-struct workload {
-    std::vector<idem::delivery> deliveries;  // in delivery order, redeliveries included
-    std::size_t distinct = 0;                // distinct messages (each one event)
-    std::map<std::string, totals> expected;  // order_id -> totals of the distinct events
-};
-
-std::string uuid_text(std::mt19937_64& rng) {
-    static constexpr char hex[] = "0123456789abcdef";
-    std::string out;
-    out.reserve(36);
-    std::uint64_t bits = rng();
-    for (int i = 0; i < 32; ++i) {
-        if (i == 16) bits = rng();
-        if (i == 8 || i == 12 || i == 16 || i == 20) out.push_back('-');
-        out.push_back(hex[bits & 0xFu]);
-        bits >>= 4;
-    }
-    return out;
-}
-
-workload generate(const bench_options& o) {
-    workload w;
-    std::mt19937_64 rng{o.seed};
-    const auto redeliveries = static_cast<std::size_t>(static_cast<double>(o.messages) * o.duplicates + 0.5);
-    if (redeliveries >= o.messages) usage("--duplicates leaves no distinct message");
-    w.distinct = o.messages - redeliveries;
-
-    std::vector<idem::delivery> originals;
-    originals.reserve(w.distinct);
-    for (std::size_t i = 0; i < w.distinct; ++i) {
-        idem::envelope e;
-        e.id = "line-" + std::to_string(i);
-        e.source = "/orders";
-        e.type = "order.line_added";
-        std::string order = "order-" + std::to_string(rng() % o.aggregates);
-        auto amount = static_cast<std::int64_t>(rng() % 10'000) + 1;
-        e.data = R"({"order_id":")" + order + R"(","amount":)" + std::to_string(amount) + "}";
-        auto& t = w.expected[order];
-        t.total += amount;
-        t.lines += 1;
-        originals.push_back({e.to_json(), uuid_text(rng)});
-    }
-
-    // Each redelivery copies an earlier message and lands uniformly after it: sorting by
-    // (slot, tie) puts original i at slot i and a copy of i at a random slot in (i, distinct].
-    struct placed {
-        std::uint64_t slot;
-        std::uint64_t tie;
-        std::size_t original;
-    };
-    std::vector<placed> order;
-    order.reserve(o.messages);
-    for (std::size_t i = 0; i < w.distinct; ++i) order.push_back({i, rng(), i});
-    for (std::size_t d = 0; d < redeliveries; ++d) {
-        std::size_t j = rng() % w.distinct;
-        std::uint64_t slot = j + 1 + rng() % (w.distinct - j);
-        order.push_back({slot, rng(), j});
-    }
-    std::sort(order.begin(), order.end(),
-              [](const placed& a, const placed& b) { return std::pair{a.slot, a.tie} < std::pair{b.slot, b.tie}; });
-    w.deliveries.reserve(o.messages);
-    for (const auto& p : order) w.deliveries.push_back(originals[p.original]);
-    return w;
-}
-
-// --- measurement ---------------------------------------------------------------
-
-// The write counters of /proc/self/io. write_bytes is what the kernel charges this process
-// for page-cache pages it dirtied (LMDB's pwrite + fdatasync per commit turns them into
-// device writes); kernels with large page-cache folios charge a whole folio for a 4 KiB
-// write, so wchar, the bytes handed to write syscalls, is kept as an exact cross-check.
-struct io_counters {
-    std::uint64_t write_bytes = 0;
-    std::uint64_t wchar = 0;
-};
-
-io_counters read_io() {
-    std::ifstream in{"/proc/self/io"};
-    std::string line;
-    io_counters c;
-    bool found = false;
-    auto value = [&](std::size_t skip) {
-        std::string_view v = line;
-        v.remove_prefix(std::min(v.size(), v.find_first_not_of(' ', skip)));
-        return parse_number<std::uint64_t>("/proc/self/io", v);
-    };
-    while (std::getline(in, line)) {
-        if (line.starts_with("write_bytes:")) {
-            c.write_bytes = value(12);
-            found = true;
-        } else if (line.starts_with("wchar:")) {
-            c.wchar = value(6);
-        }
-    }
-    if (!found) throw std::runtime_error("/proc/self/io has no write_bytes line");
-    return c;
-}
-
-// What a variant ended with, in a form both variants and the reference can produce.
-struct summary {
-    std::size_t rows = 0;
-    std::int64_t sum_total = 0;
-    std::int64_t sum_lines = 0;
-    std::uint64_t digest = 0xcbf29ce484222325u;  // FNV-1a 64 over "key=total,lines;" in key order
-
-    bool operator==(const summary&) const = default;
-};
-
-summary summarize(std::vector<std::pair<std::string, totals>> rows) {
-    std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-    summary s;
-    auto mix = [&](std::string_view text) {
-        for (char c : text) {
-            s.digest ^= static_cast<unsigned char>(c);
-            s.digest *= 0x100000001b3u;
-        }
-    };
-    for (const auto& [key, t] : rows) {
-        ++s.rows;
-        s.sum_total += t.total;
-        s.sum_lines += t.lines;
-        mix(key);
-        mix("=" + std::to_string(t.total) + "," + std::to_string(t.lines) + ";");
-    }
-    return s;
-}
+// --- variants --------------------------------------------------------------------
 
 struct run_result {
     double seconds = 0;
@@ -280,8 +122,6 @@ struct run_result {
     std::size_t other = 0;  // outcomes that should not happen with this workload
     summary got;
 };
-
-using clock_type = std::chrono::steady_clock;
 
 std::uint64_t now_ns() {
     return static_cast<std::uint64_t>(
@@ -299,12 +139,7 @@ run_result run_idem(const workload& w, const bench_options& o, const std::filesy
         so.consumer = "order-projector";
         so.sync = idem::durability::full;
         idem::store store{so};
-        store.add(idem::projection<order_total>("order-totals")
-                      .on<line_added>([](order_total& t, const line_added& e) {
-                          t.total += e.amount;
-                          t.lines += 1;
-                      })
-                      .key([](const line_added& e) { return e.order_id; }));
+        store.add(order_totals_projection());
 
         std::span<const idem::delivery> all{w.deliveries};
         const auto io_before = read_io();
@@ -323,11 +158,7 @@ run_result run_idem(const workload& w, const bench_options& o, const std::filesy
         r.written = io_after.write_bytes - io_before.write_bytes;
         r.handed = io_after.wchar - io_before.wchar;
 
-        std::vector<std::pair<std::string, totals>> rows;
-        store.read().scan<order_total>("order-totals", [&](const idem::row<order_total>& row) {
-            rows.emplace_back(row.key, totals{row.state.total, row.state.lines});
-        });
-        r.got = summarize(std::move(rows));
+        r.got = read_summary(store.read());
     }
     r.store_bytes = std::filesystem::file_size(dir / "data.mdb");
     return r;
@@ -504,28 +335,6 @@ run_result run_naive(const workload& w, const bench_options& o, const std::files
 
 // --- report ----------------------------------------------------------------------
 
-std::string with_commas(std::uint64_t v) {
-    std::string digits = std::to_string(v);
-    std::string out;
-    for (std::size_t i = 0; i < digits.size(); ++i) {
-        if (i != 0 && (digits.size() - i) % 3 == 0) out.push_back(',');
-        out.push_back(digits[i]);
-    }
-    return out;
-}
-
-std::string fixed(double v, int decimals) {
-    std::array<char, 64> buf{};
-    std::snprintf(buf.data(), buf.size(), "%.*f", decimals, v);
-    return buf.data();
-}
-
-double median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    auto mid = v.size() / 2;
-    return v.size() % 2 == 1 ? v[mid] : (v[mid - 1] + v[mid]) / 2;
-}
-
 struct variant {
     const char* name;
     run_result (*run)(const workload&, const bench_options&, const std::filesystem::path&);
@@ -534,11 +343,6 @@ struct variant {
     std::vector<double> handed_per_msg{};
     std::vector<double> store_mib{};
 };
-
-std::string describe(const summary& s) {
-    return std::to_string(s.rows) + " rows, total " + std::to_string(s.sum_total) + ", lines " +
-           std::to_string(s.sum_lines) + ", digest " + std::to_string(s.digest);
-}
 
 }  // namespace
 
@@ -552,9 +356,8 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "generating %s messages over %s aggregates (seed %llu)...\n",
                      with_commas(o.messages).c_str(), with_commas(o.aggregates).c_str(),
                      static_cast<unsigned long long>(o.seed));
-        const auto w = generate(o);
-        std::vector<std::pair<std::string, totals>> reference_rows(w.expected.begin(), w.expected.end());
-        const auto reference = summarize(std::move(reference_rows));
+        const auto w = generate(o.messages, o.aggregates, o.duplicates, o.seed);
+        const auto expected = reference(w);
         const auto redeliveries = o.messages - w.distinct;
 
         std::vector<variant> variants;
@@ -580,11 +383,11 @@ int main(int argc, char** argv) {
                              run + 1, o.runs, v.name, with_commas(o.messages).c_str(), fixed(r.seconds, 2).c_str(),
                              with_commas(static_cast<std::uint64_t>(rate)).c_str(), fixed(written, 0).c_str(),
                              fixed(handed, 0).c_str(), fixed(mib, 1).c_str(), r.applied, r.duplicates);
-                if (r.got != reference || r.applied != w.distinct || r.duplicates != redeliveries || r.other != 0) {
+                if (r.got != expected || r.applied != w.distinct || r.duplicates != redeliveries || r.other != 0) {
                     std::fprintf(stderr,
                                  "error: %s ended wrong\n  expected: %s; %zu applied, %zu duplicates\n"
                                  "  got:      %s; %zu applied, %zu duplicates, %zu other outcomes\n",
-                                 v.name, describe(reference).c_str(), w.distinct, redeliveries,
+                                 v.name, describe(expected).c_str(), w.distinct, redeliveries,
                                  describe(r.got).c_str(), r.applied, r.duplicates, r.other);
                     if (own_dir) std::filesystem::remove_all(base);
                     return 1;
@@ -622,7 +425,7 @@ int main(int argc, char** argv) {
         std::printf("\nbytes/msg are medians of /proc/self/io deltas over the timed loop divided by messages: "
                     "write_bytes counts whole page-cache folios dirtied (large folios inflate it), "
                     "wchar the bytes LMDB passed to pwrite\n");
-        std::printf("every run ended with the reference totals: %s\n", describe(reference).c_str());
+        std::printf("every run ended with the reference totals: %s\n", describe(expected).c_str());
         return 0;
     } catch (const std::exception& e) {
         std::fprintf(stderr, "apply_bench: %s\n", e.what());
