@@ -58,7 +58,8 @@
                  "  --single-limit N       messages of the 1-submitter run (default 20000; 0: all)\n"
                  "  --rate R               open-loop msgs/s (default: half the rate with the most\n"
                  "                         submitters; 0: no open-loop run)\n"
-                 "  --threads T            threads running the io_context (1 or 2, default 1)\n",
+                 "  --threads T            threads running the io_context (1 or 2, default 1)\n"
+                 "  --max-delay-us D       engine max_delay: a busy writer lingers up to D us to fill a batch (default 0)\n",
                  why);
     std::exit(2);
 }
@@ -79,6 +80,7 @@ struct bench_options {
     std::optional<double> rate{};       // open-loop rate; unset: half the top closed-loop rate; 0: none
     std::size_t threads = 1;
     std::filesystem::path dir{};
+    std::size_t max_delay_us = 0;  // engine_options::max_delay
 };
 
 std::vector<std::size_t> parse_list(std::string_view name, std::string_view text) {
@@ -105,9 +107,9 @@ bench_options parse_args(int argc, char** argv) {
             continue;
         }
         if (arg == "--help" || arg == "-h") usage("the async engine under concurrent submitters, durability::full");
-        static constexpr std::array<std::string_view, 10> valued{
-            "--messages",   "--aggregates",   "--duplicates", "--runs",    "--seed",
-            "--submitters", "--single-limit", "--rate",       "--threads", "--dir"};
+        static constexpr std::array<std::string_view, 11> valued{
+            "--messages",   "--aggregates",   "--duplicates", "--runs",    "--seed",        "--submitters",
+            "--single-limit", "--rate",       "--threads",    "--dir",     "--max-delay-us"};
         if (std::find(valued.begin(), valued.end(), arg) == valued.end()) {
             usage(("unknown option " + std::string(arg)).c_str());
         }
@@ -135,6 +137,8 @@ bench_options parse_args(int argc, char** argv) {
             if (o.threads != 1 && o.threads != 2) usage("--threads takes 1 or 2");
         } else if (arg == "--dir") {
             o.dir = std::string(value);
+        } else if (arg == "--max-delay-us") {
+            o.max_delay_us = parse_number<std::size_t>(arg, value);
         }
     }
     // Explicit sizes win over --quick wherever they appear on the line.
@@ -278,6 +282,7 @@ run_result run_once(const workload& w, const bench_options& o, const std::filesy
             io.get_executor(),
             idem::engine_options{.store = {.path = dir, .consumer = "bench", .sync = idem::durability::full},
                                  .max_batch = 4096,
+                                 .max_delay = std::chrono::microseconds(o.max_delay_us),
                                  .max_in_flight = 65536}};
         engine.add(order_totals_projection());
 
