@@ -587,10 +587,30 @@ snapshot snapshot::open(const std::filesystem::path& path) {
     return snapshot{environment::open(path, eo)};
 }
 
-snapshot::snapshot(std::shared_ptr<environment> env)
-    : env_((env->refresh_tables(), std::move(env))), txn_(*env_) {}
+namespace {
 
-std::optional<MDB_dbi> snapshot::table(const std::string& name) const { return env_->try_table(name); }
+// A snapshot may only use handles opened before its transaction began, on the same handle
+// generation: refresh, begin, and start over if the environment was reopened in between.
+read_txn begin_snapshot(environment& env) {
+    for (;;) {
+        auto generation = env.generation();
+        env.refresh_tables();
+        read_txn txn{env};
+        if (env.generation() == generation) return txn;
+    }
+}
+
+}  // namespace
+
+snapshot::snapshot(std::shared_ptr<environment> env) : env_(std::move(env)), txn_(begin_snapshot(*env_)) {}
+
+std::optional<MDB_dbi> snapshot::table(const std::string& name) const {
+    auto dbi = env_->try_table(name);
+    unsigned flags = 0;
+    // A table created after this snapshot began has a handle this transaction cannot use.
+    if (dbi && mdb_dbi_flags(txn_.handle(), *dbi, &flags) != 0) return std::nullopt;
+    return dbi;
+}
 
 std::optional<snapshot::raw_row_view> snapshot::raw_row(std::string_view projection, std::string_view key) const {
     auto t = table("proj/" + std::string(projection));

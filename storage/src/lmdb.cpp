@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <system_error>
+#include <vector>
 
 namespace idem {
 namespace {
@@ -101,12 +102,16 @@ void environment::reopen() {
     if (held_by_this_thread()) {
         throw_error(errc::panic, "cannot reopen " + describe(path_) + " while this thread holds a transaction of it");
     }
+    std::scoped_lock open{open_mutex_};
     std::unique_lock gate{gate_};
-    std::scoped_lock lock{tables_mutex_};
     auto size = map_size();
     mdb_env_close(env_);
     env_ = nullptr;
-    tables_.clear();
+    {
+        std::scoped_lock lock{tables_mutex_};
+        tables_.clear();
+    }
+    ++generation_;
     open_handle(size);
 }
 
@@ -116,29 +121,57 @@ environment::~environment() {
     }
 }
 
+// LMDB gives a new handle the next free slot of the opening transaction's view at its
+// begin, so a handle-opening transaction must not overlap any other (its begin to its end):
+// open_mutex_ is held for that whole span. Beginning inside the mutex must not wait for a
+// map resize (which waits for every live transaction, and one of those may be waiting for
+// this mutex), so a resize is reported, adopted outside the mutex, and the whole step retried.
+template <class Txn, class F>
+auto environment::with_open_lock(F&& fn) {
+    for (;;) {
+        try {
+            std::unique_lock lock{open_mutex_};
+            Txn txn{*this, false};
+            try {
+                return fn(txn);
+            } catch (...) {
+                txn.abort();  // while the mutex is still held
+                throw;
+            }
+        } catch (const std::system_error& e) {
+            if (e.code() == errc::map_resized) {
+                adopt_resize();
+            } else if (e.code() == errc::map_full && !read_only()) {
+                grow();
+            } else {
+                throw;
+            }
+        }
+    }
+}
+
 MDB_dbi environment::table(const std::string& name, unsigned flags) {
     if (auto dbi = try_table(name)) {
         return *dbi;
     }
-    // The transaction begins before tables_mutex_ is taken: beginning may wait for a map
-    // resize, which waits for every live transaction, and one of those may want the mutex.
-    MDB_dbi dbi = 0;
-    auto open_in = [&](txn_base& txn, unsigned open_flags) {
-        std::scoped_lock lock{tables_mutex_};
+    auto open_in = [&](auto& txn) {
+        if (auto dbi = try_table(name)) {
+            return *dbi;  // another thread opened it meanwhile
+        }
+        MDB_dbi dbi = 0;
+        unsigned open_flags = read_only() ? flags : flags | MDB_CREATE;
         if (int rc = mdb_dbi_open(txn.handle(), name.c_str(), open_flags, &dbi); rc != 0) {
             throw_lmdb(rc, "cannot open table '" + name + "' of " + describe(path_));
         }
+        txn.commit();  // publishes the handle (aborting would close it)
+        std::scoped_lock lock{tables_mutex_};
+        tables_.emplace(name, dbi);
+        return dbi;
     };
     if (read_only()) {
-        read_txn txn{*this};
-        open_in(txn, flags);
-        txn.commit();
-    } else {
-        write([&](write_txn& txn) { open_in(txn, flags | MDB_CREATE); });
+        return with_open_lock<read_txn>(open_in);
     }
-    std::scoped_lock lock{tables_mutex_};
-    tables_.emplace(name, dbi);
-    return dbi;
+    return with_open_lock<write_txn>(open_in);
 }
 
 std::optional<MDB_dbi> environment::try_table(std::string_view name) {
@@ -150,28 +183,28 @@ std::optional<MDB_dbi> environment::try_table(std::string_view name) {
 }
 
 void environment::refresh_tables() {
-    read_txn txn{*this};  // before the mutex: see table()
-    std::scoped_lock lock{tables_mutex_};
-    MDB_dbi main = 0;
-    if (int rc = mdb_dbi_open(txn.handle(), nullptr, 0, &main); rc != 0) {
-        throw_lmdb(rc, "cannot open the table list of " + describe(path_));
-    }
-    bool opened = false;
-    {
-        cursor c{txn, main};
-        for (auto e = c.first(); e; e = c.next()) {
-            std::string name(e->first);
-            if (tables_.contains(name)) continue;
-            MDB_dbi dbi = 0;
-            if (mdb_dbi_open(txn.handle(), name.c_str(), 0, &dbi) == 0) {  // skips non-table keys
-                tables_.emplace(std::move(name), dbi);
-                opened = true;
+    with_open_lock<read_txn>([&](read_txn& txn) {
+        MDB_dbi main = 0;
+        if (int rc = mdb_dbi_open(txn.handle(), nullptr, 0, &main); rc != 0) {
+            throw_lmdb(rc, "cannot open the table list of " + describe(path_));
+        }
+        std::vector<std::pair<std::string, MDB_dbi>> opened;
+        {
+            cursor c{txn, main};
+            for (auto e = c.first(); e; e = c.next()) {
+                std::string name(e->first);
+                if (try_table(name)) continue;
+                MDB_dbi dbi = 0;
+                if (mdb_dbi_open(txn.handle(), name.c_str(), 0, &dbi) == 0) {  // skips non-table keys
+                    opened.emplace_back(std::move(name), dbi);
+                }
             }
         }
-    }
-    if (opened) {
-        txn.commit();
-    }
+        txn.commit();  // publishes the handles
+        std::scoped_lock lock{tables_mutex_};
+        for (auto& [name, dbi] : opened) tables_.emplace(std::move(name), dbi);
+        return 0;
+    });
 }
 
 void environment::grow() {
@@ -232,7 +265,18 @@ void environment::sync(bool force) {
     }
 }
 
-MDB_txn* environment::begin(unsigned flags, std::shared_lock<std::shared_mutex>& gate) {
+void environment::adopt_resize() {
+    if (held_by_this_thread()) {
+        throw_error(errc::map_resized, "cannot adopt the map size another process set for " + describe(path_) +
+                                           " while this thread holds a transaction of it");
+    }
+    std::unique_lock exclusive{gate_};
+    if (int rc = mdb_env_set_mapsize(env_, 0); rc != 0) {
+        throw_lmdb(rc, "cannot adopt the new map size of " + describe(path_));
+    }
+}
+
+MDB_txn* environment::begin(unsigned flags, std::shared_lock<std::shared_mutex>& gate, bool adopt) {
     for (;;) {
         gate = std::shared_lock{gate_};
         MDB_txn* txn = nullptr;
@@ -243,23 +287,17 @@ MDB_txn* environment::begin(unsigned flags, std::shared_lock<std::shared_mutex>&
             return txn;
         }
         gate.unlock();
-        if (rc != MDB_MAP_RESIZED) {
+        if (rc != MDB_MAP_RESIZED || !adopt) {
             throw_lmdb(rc, "cannot begin a transaction on " + describe(path_));
         }
-        if (held_by_this_thread()) {
-            throw_lmdb(rc, "cannot adopt the map size another process set for " + describe(path_) +
-                               " while this thread holds a transaction of it");
-        }
         // Another process grew the map: adopt its size, with no transaction of ours live.
-        std::unique_lock exclusive{gate_};
-        if (int set = mdb_env_set_mapsize(env_, 0); set != 0) {
-            throw_lmdb(set, "cannot adopt the new map size of " + describe(path_));
-        }
+        adopt_resize();
     }
 }
 
-txn_base::txn_base(environment& env, unsigned flags) : env_(&env), owner_(std::this_thread::get_id()) {
-    txn_ = env.begin(flags, gate_);
+txn_base::txn_base(environment& env, unsigned flags, bool adopt_resize)
+    : env_(&env), owner_(std::this_thread::get_id()) {
+    txn_ = env.begin(flags, gate_, adopt_resize);
 }
 
 txn_base::txn_base(txn_base&& other) noexcept
@@ -315,6 +353,8 @@ std::size_t txn_base::entries(MDB_dbi table) const {
 
 read_txn::read_txn(environment& env) : txn_base(env, MDB_RDONLY) {}
 
+read_txn::read_txn(environment& env, bool adopt_resize) : txn_base(env, MDB_RDONLY, adopt_resize) {}
+
 void read_txn::commit() {
     // Committing a read transaction is what makes table handles opened in it visible to later ones.
     int rc = mdb_txn_commit(std::exchange(txn_, nullptr));
@@ -334,6 +374,8 @@ environment& writable(environment& env) {
 }  // namespace
 
 write_txn::write_txn(environment& env) : txn_base(writable(env), 0) {}
+
+write_txn::write_txn(environment& env, bool adopt_resize) : txn_base(writable(env), 0, adopt_resize) {}
 
 bool write_txn::put(MDB_dbi table, std::string_view key, std::string_view value, unsigned flags) {
     if (key.empty() || key.size() > env_->max_key_size()) {

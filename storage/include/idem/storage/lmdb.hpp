@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <atomic>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -93,6 +94,8 @@ public:
     /// Closes and reopens the LMDB handle (after MDB_PANIC); waits until no transaction of this
     /// process is live. Table handles are reopened by name; their numbers may change.
     void reopen();
+    /// Returns how many times the handle was reopened (snapshots begun across a reopen retry).
+    std::uint64_t generation() const noexcept { return generation_.load(); }
     /// Returns the largest key (and dupsort value) LMDB accepts, 511 bytes by default.
     std::size_t max_key_size() const noexcept { return max_key_size_; }
 
@@ -100,7 +103,10 @@ private:
     friend class txn_base;
     environment(std::filesystem::path path, const environment_options& options);
     void open_handle(std::size_t map_size);
-    MDB_txn* begin(unsigned flags, std::shared_lock<std::shared_mutex>& gate);
+    MDB_txn* begin(unsigned flags, std::shared_lock<std::shared_mutex>& gate, bool adopt_resize = true);
+    void adopt_resize();
+    template <class Txn, class F>
+    auto with_open_lock(F&& fn);
     void end(std::thread::id owner) noexcept;
     bool held_by_this_thread();
 
@@ -111,8 +117,10 @@ private:
     std::shared_mutex gate_;  // shared by every live transaction; exclusive to resize the map
     std::mutex live_mutex_;
     std::unordered_map<std::thread::id, unsigned> live_;  // live transactions by the thread that began them
-    std::mutex tables_mutex_;
+    std::mutex open_mutex_;    // held by a handle-opening transaction from its begin to its end
+    std::mutex tables_mutex_;  // guards tables_ only; never held while waiting for anything
     std::map<std::string, MDB_dbi, std::less<>> tables_;
+    std::atomic<std::uint64_t> generation_{0};  // bumped by reopen(): handles from before are void
 };
 
 /// Common read access of both transaction kinds.
@@ -131,7 +139,7 @@ public:
     std::size_t entries(MDB_dbi table) const;
 
 protected:
-    txn_base(environment& env, unsigned flags);
+    txn_base(environment& env, unsigned flags, bool adopt_resize = true);
     txn_base(txn_base&& other) noexcept;
     txn_base& operator=(txn_base&& other) noexcept;
     ~txn_base();
@@ -150,12 +158,17 @@ class read_txn : public txn_base {
 public:
     /// Begins a snapshot of env.
     explicit read_txn(environment& env);
+    /// Begins a snapshot; with adopt_resize false, a map grown by another process is reported
+    /// (errc::map_resized) instead of adopted.
+    read_txn(environment& env, bool adopt_resize);
     read_txn(read_txn&&) noexcept = default;
     read_txn& operator=(read_txn&&) noexcept = default;
     ~read_txn() = default;
 
     /// Ends the snapshot, keeping table handles opened inside it for later transactions.
     void commit();
+    /// Ends the snapshot (also done by the destructor).
+    void abort() noexcept { abort_now(); }
 };
 
 /// A write transaction; aborted on destruction unless committed.
@@ -163,6 +176,8 @@ class write_txn : public txn_base {
 public:
     /// Begins a write transaction (waits for LMDB's writer lock).
     explicit write_txn(environment& env);
+    /// As above; with adopt_resize false, a map grown by another process is reported instead.
+    write_txn(environment& env, bool adopt_resize);
     write_txn(write_txn&&) noexcept = default;
     write_txn& operator=(write_txn&&) noexcept = default;
     ~write_txn() = default;
