@@ -102,7 +102,9 @@ void environment::reopen() {
     if (held_by_this_thread()) {
         throw_error(errc::panic, "cannot reopen " + describe(path_) + " while this thread holds a transaction of it");
     }
-    std::scoped_lock open{open_mutex_};
+    // Only the gate: with it held exclusively no transaction, handle-opening ones included,
+    // is live. Taking open_mutex_ too would deadlock with a thread that holds a snapshot and
+    // waits for that mutex to begin another.
     std::unique_lock gate{gate_};
     auto size = map_size();
     mdb_env_close(env_);
