@@ -148,10 +148,14 @@ engine::~engine() {
 }
 
 void engine::add_projection(const std::function<void(store&)>& add) {
-    std::scoped_lock lock{impl_->m};
-    if (impl_->started) {
-        throw_error(errc::invalid_argument, "projections are added before the first submission");
+    {
+        std::scoped_lock lock{impl_->m};
+        if (impl_->started) {
+            throw_error(errc::invalid_argument, "projections are added before the first submission");
+        }
     }
+    // Not under m: opening tables takes the environment's locks, which a thread holding a
+    // snapshot owns while it may call stats() or submit (the opposite order).
     add(*impl_->st);
 }
 

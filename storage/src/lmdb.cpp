@@ -132,8 +132,10 @@ template <class Txn, class F>
 auto environment::with_open_lock(F&& fn) {
     for (;;) {
         try {
+            // The gate first, as every transaction takes it, then the mutex: one lock order.
+            std::shared_lock gate{gate_};
             std::unique_lock lock{open_mutex_};
-            Txn txn{*this, false};
+            Txn txn{*this, std::move(gate)};
             try {
                 return fn(txn);
             } catch (...) {
@@ -280,7 +282,7 @@ void environment::adopt_resize() {
 
 MDB_txn* environment::begin(unsigned flags, std::shared_lock<std::shared_mutex>& gate, bool adopt) {
     for (;;) {
-        gate = std::shared_lock{gate_};
+        if (!gate.owns_lock()) gate = std::shared_lock{gate_};
         MDB_txn* txn = nullptr;
         int rc = mdb_txn_begin(env_, nullptr, flags, &txn);
         if (rc == 0) {
@@ -297,9 +299,13 @@ MDB_txn* environment::begin(unsigned flags, std::shared_lock<std::shared_mutex>&
     }
 }
 
-txn_base::txn_base(environment& env, unsigned flags, bool adopt_resize)
-    : env_(&env), owner_(std::this_thread::get_id()) {
-    txn_ = env.begin(flags, gate_, adopt_resize);
+txn_base::txn_base(environment& env, unsigned flags) : env_(&env), owner_(std::this_thread::get_id()) {
+    txn_ = env.begin(flags, gate_, true);
+}
+
+txn_base::txn_base(environment& env, unsigned flags, std::shared_lock<std::shared_mutex> held_gate)
+    : env_(&env), gate_(std::move(held_gate)), owner_(std::this_thread::get_id()) {
+    txn_ = env.begin(flags, gate_, false);
 }
 
 txn_base::txn_base(txn_base&& other) noexcept
@@ -355,7 +361,8 @@ std::size_t txn_base::entries(MDB_dbi table) const {
 
 read_txn::read_txn(environment& env) : txn_base(env, MDB_RDONLY) {}
 
-read_txn::read_txn(environment& env, bool adopt_resize) : txn_base(env, MDB_RDONLY, adopt_resize) {}
+read_txn::read_txn(environment& env, std::shared_lock<std::shared_mutex> held_gate)
+    : txn_base(env, MDB_RDONLY, std::move(held_gate)) {}
 
 void read_txn::commit() {
     // Committing a read transaction is what makes table handles opened in it visible to later ones.
@@ -377,7 +384,8 @@ environment& writable(environment& env) {
 
 write_txn::write_txn(environment& env) : txn_base(writable(env), 0) {}
 
-write_txn::write_txn(environment& env, bool adopt_resize) : txn_base(writable(env), 0, adopt_resize) {}
+write_txn::write_txn(environment& env, std::shared_lock<std::shared_mutex> held_gate)
+    : txn_base(writable(env), 0, std::move(held_gate)) {}
 
 bool write_txn::put(MDB_dbi table, std::string_view key, std::string_view value, unsigned flags) {
     if (key.empty() || key.size() > env_->max_key_size()) {

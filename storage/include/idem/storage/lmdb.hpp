@@ -103,7 +103,7 @@ private:
     friend class txn_base;
     environment(std::filesystem::path path, const environment_options& options);
     void open_handle(std::size_t map_size);
-    MDB_txn* begin(unsigned flags, std::shared_lock<std::shared_mutex>& gate, bool adopt_resize = true);
+    MDB_txn* begin(unsigned flags, std::shared_lock<std::shared_mutex>& gate, bool adopt_resize);
     void adopt_resize();
     template <class Txn, class F>
     auto with_open_lock(F&& fn);
@@ -139,7 +139,8 @@ public:
     std::size_t entries(MDB_dbi table) const;
 
 protected:
-    txn_base(environment& env, unsigned flags, bool adopt_resize = true);
+    txn_base(environment& env, unsigned flags);
+    txn_base(environment& env, unsigned flags, std::shared_lock<std::shared_mutex> held_gate);
     txn_base(txn_base&& other) noexcept;
     txn_base& operator=(txn_base&& other) noexcept;
     ~txn_base();
@@ -158,9 +159,9 @@ class read_txn : public txn_base {
 public:
     /// Begins a snapshot of env.
     explicit read_txn(environment& env);
-    /// Begins a snapshot; with adopt_resize false, a map grown by another process is reported
-    /// (errc::map_resized) instead of adopted.
-    read_txn(environment& env, bool adopt_resize);
+    /// Begins a snapshot on an already held share of env's gate; a map grown by another
+    /// process is reported (errc::map_resized) instead of adopted.
+    read_txn(environment& env, std::shared_lock<std::shared_mutex> held_gate);
     read_txn(read_txn&&) noexcept = default;
     read_txn& operator=(read_txn&&) noexcept = default;
     ~read_txn() = default;
@@ -176,8 +177,9 @@ class write_txn : public txn_base {
 public:
     /// Begins a write transaction (waits for LMDB's writer lock).
     explicit write_txn(environment& env);
-    /// As above; with adopt_resize false, a map grown by another process is reported instead.
-    write_txn(environment& env, bool adopt_resize);
+    /// As above, on an already held share of env's gate; a map grown by another process is
+    /// reported (errc::map_resized) instead of adopted.
+    write_txn(environment& env, std::shared_lock<std::shared_mutex> held_gate);
     write_txn(write_txn&&) noexcept = default;
     write_txn& operator=(write_txn&&) noexcept = default;
     ~write_txn() = default;
