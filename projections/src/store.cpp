@@ -197,7 +197,12 @@ outcome batch_run::dead(reason why, std::string detail, std::string_view message
 outcome batch_run::deliver(const delivery& d) {
     envelope ev;
     parse_error err;
-    if (!s_.parser.parse(d.body, ev, err)) {
+    const auto limit = s_.options.max_event_bytes;
+    if (limit != 0 && d.body.size() > limit) {
+        err = {reason::too_large, "the envelope has " + std::to_string(d.body.size()) + " bytes, over the limit of " +
+                                      std::to_string(limit)};
+    }
+    if (err.why != reason::none || !s_.parser.parse(d.body, ev, err)) {
         // Without a valid envelope only a transport id can identify a redelivery.
         std::string message_id;
         if (!d.message_id.empty()) {
@@ -371,6 +376,10 @@ outcome batch_run::apply_projections(const envelope& ev, std::string_view messag
         }
     }
     if (!handled) {
+        if (s_.options.unknown_types == unknown_type_policy::dead_letter) {
+            return dead(reason::unknown_type, describe(ev) + ": no projection handles type '" + truncate(ev.type) + "'",
+                        message_id, body);
+        }
         return outcome{outcome_kind::ignored, reason::none, describe(ev) + ": no projection handles " + ev.type, 0};
     }
     if (staged.empty()) {
@@ -675,6 +684,17 @@ std::optional<std::uint64_t> snapshot::checkpoint(std::string_view consumer, std
     auto v = txn_.get(*t, source);
     if (!v || v->size() < 8) return std::nullopt;
     return codec::get_u64_le(*v);
+}
+
+std::vector<std::pair<std::string, std::uint64_t>> snapshot::checkpoints(std::string_view consumer) const {
+    std::vector<std::pair<std::string, std::uint64_t>> out;
+    auto t = table("checkpoint/" + std::string(consumer));
+    if (!t) return out;
+    cursor c{txn_, *t};
+    for (auto e = c.first(); e; e = c.next()) {
+        if (e->second.size() >= 8) out.emplace_back(std::string(e->first), codec::get_u64_le(e->second));
+    }
+    return out;
 }
 
 consumer_stats snapshot::stats(std::string_view consumer) const {

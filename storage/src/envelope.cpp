@@ -22,6 +22,9 @@ std::string_view to_string(reason r) noexcept {
     case reason::handler_failed: return "handler_failed";
     case reason::sequence_gap: return "sequence_gap";
     case reason::sequence_conflict: return "sequence_conflict";
+    case reason::unknown_type: return "unknown_type";
+    case reason::too_large: return "too_large";
+    case reason::invalid_utf8: return "invalid_utf8";
     }
     return "unknown";
 }
@@ -176,7 +179,8 @@ bool envelope_parser::parse(std::string_view text, envelope& out, parse_error& e
     buf.append(simdjson::SIMDJSON_PADDING, '\0');
 
     simdjson::ondemand::document doc;
-    if (impl_->parser.iterate(buf.data(), text.size(), buf.size()).get(doc) != simdjson::SUCCESS) {
+    if (auto e = impl_->parser.iterate(buf.data(), text.size(), buf.size()).get(doc); e != simdjson::SUCCESS) {
+        if (e == simdjson::UTF8_ERROR) return fail(err, reason::invalid_utf8, "the body is not valid UTF-8");
         return fail(err, reason::invalid_json, "not a JSON document");
     }
     simdjson::ondemand::object object;

@@ -124,6 +124,27 @@ void save_state(const State& state, std::string& out) {
 template <class E>
 concept member_serializable = requires(cereal::JSONInputArchive& a, E& e) { e.serialize(a); };
 
+template <class S>
+concept member_json_saveable = requires(cereal::JSONOutputArchive& a, S& s) { s.serialize(a); };
+
+/// Appends cereal's (indented) JSON text to out as compact JSON.
+void append_compact_json(std::string_view json, std::string& out);
+
+/// Appends State as a compact JSON object through its cereal serialize() (its field names are the JSON's).
+template <class State>
+void write_json(const State& state, std::string& out) {
+    std::ostringstream os;
+    {
+        cereal::JSONOutputArchive archive{os, cereal::JSONOutputArchive::Options::NoIndent()};
+        if constexpr (member_json_saveable<State>) {
+            const_cast<State&>(state).serialize(archive);  // NOLINT: cereal's serialize() is non-const, saving does not modify
+        } else {
+            archive(cereal::make_nvp("value", state));
+        }
+    }
+    append_compact_json(os.view(), out);
+}
+
 /// Decodes an event payload (JSON text) into E through E's cereal serialize().
 template <class E>
 std::shared_ptr<const void> decode_event(std::string_view data) {
@@ -235,6 +256,8 @@ public:
     virtual std::unique_ptr<detail::state_box> load(std::string_view bytes, std::uint32_t version) const = 0;
     /// Appends the encoded state to out.
     virtual void save(const detail::state_box& state, std::string& out) const = 0;
+    /// Appends the state as a compact JSON object (what `idem get` and `idem dump` print).
+    virtual void write_json(const detail::state_box& state, std::string& out) const = 0;
 
 protected:
     explicit projection_base(std::string name) : name_(std::move(name)) {}
@@ -325,6 +348,9 @@ public:
     }
     void save(const detail::state_box& state, std::string& out) const override {
         detail::save_state(static_cast<const detail::typed_state<State>&>(state).value, out);
+    }
+    void write_json(const detail::state_box& state, std::string& out) const override {
+        detail::write_json(static_cast<const detail::typed_state<State>&>(state).value, out);
     }
 };
 

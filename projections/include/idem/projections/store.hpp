@@ -18,6 +18,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace idem {
@@ -65,6 +66,12 @@ enum class gap_policy {
     reject,  ///< dead-letter it as sequence_gap
 };
 
+/// What to do with an event whose type no projection of the consumer handles.
+enum class unknown_type_policy {
+    ignore,       ///< count it as `ignored` (a consumer of a shared stream; default)
+    dead_letter,  ///< dead-letter it as unknown_type (a log meant for exactly these projections)
+};
+
 /// One dead-lettered delivery.
 struct dead_letter {
     std::uint64_t position = 0;  ///< order in the dead-letter table
@@ -88,6 +95,8 @@ struct store_options {
     std::string consumer = "default";                  ///< consumer name: its inbox, checkpoints, dead letters
     durability sync = durability::full;                ///< fsync policy
     gap_policy gaps = gap_policy::park;                ///< sequence gap policy
+    unknown_type_policy unknown_types = unknown_type_policy::ignore;  ///< events no projection handles
+    std::size_t max_event_bytes = std::size_t{1} << 20;  ///< larger envelopes are dead-lettered as too_large (0: no limit)
     std::size_t map_size = std::size_t{1} << 30;       ///< initial map size (address space; the file grows as written)
     std::size_t max_map_size = std::size_t{1} << 40;   ///< the map never grows past this (then: map_full)
     /// Called inside the write transaction right before commit with the commit number; throwing aborts
@@ -202,6 +211,8 @@ public:
     std::uint64_t commit() const;
     /// Returns a consumer's checkpoint for a source, if it has one.
     std::optional<std::uint64_t> checkpoint(std::string_view consumer, std::string_view source) const;
+    /// Returns every checkpoint of a consumer as (source, position), sorted by source.
+    std::vector<std::pair<std::string, std::uint64_t>> checkpoints(std::string_view consumer) const;
     /// Returns a consumer's durable counters.
     consumer_stats stats(std::string_view consumer) const;
     /// Returns the number of ids in a consumer's inbox.

@@ -26,6 +26,9 @@ enum class reason {
     handler_failed,           ///< a handler threw; the message is kept
     sequence_gap,             ///< a gap under the `reject` gap policy
     sequence_conflict,        ///< a different event already holds that stream position
+    unknown_type,             ///< no projection handles the type (when the consumer rejects unknown types)
+    too_large,                ///< the envelope exceeds the consumer's size limit
+    invalid_utf8,             ///< the body is not valid UTF-8
 };
 
 /// Returns the stable text of a reason ("missing_id", ...).
