@@ -1,0 +1,89 @@
+// What a consumer refuses, and how a state reads as JSON: unknown types (by policy),
+// oversized envelopes, invalid UTF-8.
+
+#include "fixtures.hpp"
+
+using namespace idem_test;
+
+TEST_CASE("an unknown type is ignored by default and dead-lettered as unknown_type when the consumer says so") {
+    temp_dir dir;
+    auto e = line("u-1", "order-1", 5);
+    e.type = "order.shipped";
+    {
+        idem::store s{options(dir.env())};
+        s.add(totals_by_order());
+        CHECK(s.apply(deliver(e)).kind == idem::outcome_kind::ignored);
+    }
+    temp_dir other;
+    auto o = options(other.env());
+    o.unknown_types = idem::unknown_type_policy::dead_letter;
+    idem::store s{o};
+    s.add(totals_by_order());
+    auto out = s.apply(deliver(e));
+    CHECK(out.kind == idem::outcome_kind::dead_lettered);
+    CHECK(out.why == idem::reason::unknown_type);
+    CHECK(out.detail.find("order.shipped") != std::string::npos);
+    auto letters = s.read().dead_letters(consumer);
+    REQUIRE(letters.size() == 1);
+    CHECK(letters[0].why == idem::reason::unknown_type);
+    CHECK(letters[0].body == e.to_json());
+}
+
+TEST_CASE("an envelope over max_event_bytes is dead-lettered as too_large, with its size and the limit") {
+    temp_dir dir;
+    auto o = options(dir.env());
+    o.max_event_bytes = 4096;
+    idem::store s{o};
+    s.add(totals_by_order());
+    auto small = line("s-1", "order-1", 5);
+    auto big = line("b-1", "order-1", 7);
+    big.data = R"({"order_id":"order-1","amount":7,"note":")" + std::string(5000, 'x') + "\"}";
+    std::vector<idem::delivery> batch{deliver(small), deliver(big)};
+    auto out = s.apply(batch);
+    CHECK(out[0].kind == idem::outcome_kind::applied);
+    CHECK(out[1].kind == idem::outcome_kind::dead_lettered);
+    CHECK(out[1].why == idem::reason::too_large);
+    CHECK(out[1].detail.find("4096") != std::string::npos);
+    auto row = s.read().get<order_total>("order-totals", "order-1");
+    REQUIRE(row);
+    CHECK(row->state.total == 5);
+}
+
+TEST_CASE("a body that is not UTF-8 is dead-lettered as invalid_utf8, not as invalid JSON") {
+    temp_dir dir;
+    idem::store s{options(dir.env())};
+    s.add(totals_by_order());
+    auto body = line("x-1", "order-1", 5).to_json();
+    auto at = body.find("order-1");
+    body.replace(at, 1, "\xC3\x28");  // a broken two-byte sequence
+    auto out = s.apply(idem::delivery{body, {}});
+    CHECK(out.kind == idem::outcome_kind::dead_lettered);
+    CHECK(out.why == idem::reason::invalid_utf8);
+    auto truncated = line("x-2", "order-1", 5).to_json();
+    truncated.resize(truncated.size() / 2);
+    CHECK(s.apply(idem::delivery{truncated, {}}).why == idem::reason::invalid_json);
+}
+
+namespace {
+struct scoreboard {
+    std::int64_t total = 0;
+    std::string name;
+    std::map<std::string, std::int64_t> points;
+    template <class Archive>
+    void serialize(Archive& ar) {
+        ar(CEREAL_NVP(total), CEREAL_NVP(name), CEREAL_NVP(points));
+    }
+};
+}  // namespace
+
+TEST_CASE("a state renders as compact JSON named by its serialize()") {
+    idem::projection<scoreboard> p{"scores"};
+    auto box = p.make_state();
+    auto& s = static_cast<idem::detail::typed_state<scoreboard>&>(*box).value;
+    s.total = -42;
+    s.name = "say \"hi\"\n";
+    s.points = {{"a", 1}, {"b", 9000000000}};
+    std::string json;
+    p.write_json(*box, json);
+    CHECK(json == R"({"total":-42,"name":"say \"hi\"\n","points":[{"key":"a","value":1},{"key":"b","value":9000000000}]})");
+}
