@@ -23,6 +23,8 @@ public:
         case errc::corrupt_record: return "corrupt record";
         case errc::state_version_mismatch: return "row written by a newer state version";
         case errc::panic: return "LMDB panic: environment must be reopened";
+        case errc::corrupt_log: return "corrupt event log";
+        case errc::torn_record: return "event log ends in an incomplete record";
         }
         return "unknown idem error";
     }

@@ -19,6 +19,8 @@ enum class errc {
     corrupt_record,          ///< a stored record could not be decoded
     state_version_mismatch,  ///< a row was written by a newer state version than the code knows
     panic,                   ///< LMDB reported MDB_PANIC; the environment must be reopened
+    corrupt_log,             ///< an event log holds a corrupt record with valid data after it
+    torn_record,             ///< an event log ends in an incomplete record (a crash mid-append)
 };
 
 /// Returns the category of idem's own error codes ("idem").
