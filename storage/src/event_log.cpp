@@ -168,8 +168,8 @@ log_reader::log_reader(const std::filesystem::path& path, log_reader_options opt
             if (options_.start == 0) {
                 options_.start = file_header;
             } else if (options_.start < file_header) {
-                throw_error(errc::invalid_argument, path_.string() + ": start offset " + std::to_string(options_.start) +
-                                                        " lies inside the file header");
+                throw_error(errc::invalid_argument, path_.string() + ": start offset " +
+                                                        std::to_string(options_.start) + " is inside the header");
             }
         }
         cursor_ = options_.start;
@@ -443,7 +443,8 @@ void log_writer::prepare_append() {
     bool binary = starts_like_binary(head, n);
     if (format_ == log_format::binary) {
         if (!binary) {
-            throw_error(errc::format_mismatch, path_.string() + ": not a binary event log; cannot append binary records");
+            throw_error(errc::format_mismatch,
+                        path_.string() + ": not a binary event log; cannot append binary records");
         }
         check_header(head, n, path_);
     } else {

@@ -49,18 +49,23 @@ inline constexpr std::uint32_t max_log_record = 256u << 20;
 
 /// One record read from a log. body views into the reader's buffer: valid until the next call to next().
 struct log_record {
-    std::string_view body;        ///< the envelope JSON text exactly as stored (no trailing newline)
-    std::uint64_t offset = 0;     ///< byte offset of the record's start in the file
-    std::uint64_t end = 0;        ///< byte offset just past the record (where a resumed read starts)
-    std::uint64_t line = 0;       ///< 1-based line number (jsonl) or 1-based record number (binary)
+    std::string_view body;     ///< the envelope JSON text exactly as stored (no trailing newline)
+    std::uint64_t offset = 0;  ///< byte offset of the record's start in the file
+    std::uint64_t end = 0;     ///< byte offset just past the record (where a resumed read starts)
+    std::uint64_t line = 0;    ///< 1-based line number (jsonl) or 1-based record number (binary)
 };
 
 /// How a log_reader reads.
 struct log_reader_options {
-    std::uint64_t start = 0;      ///< byte offset to resume from (a previous record's `end`; 0 = start of file; for binary 0 means just after the header)
-    bool skip_bad = false;        ///< binary: skip (and count) corrupt records in the middle instead of failing
-    bool follow = false;          ///< the file may still be appended to: an incomplete last record is not returned (next() returns false; call next() again later to see newly appended data)
-    std::uint64_t start_line = 0; ///< line (jsonl) or record (binary) number of the record ending at `start`, so numbering continues after a resume
+    /// Byte offset to resume from: a previous record's `end`; 0 = start of file (for binary: just after the header).
+    std::uint64_t start = 0;
+    /// Binary: skip (and count) corrupt records in the middle instead of failing.
+    bool skip_bad = false;
+    /// The file may still be appended to: an incomplete last record is not returned (next() returns false;
+    /// call next() again later to see newly appended data).
+    bool follow = false;
+    /// Line (jsonl) or record (binary) number of the record ending at `start`, so numbering continues after a resume.
+    std::uint64_t start_line = 0;
 };
 
 /// Reads JSON Lines or binary logs sequentially and fast (large buffered reads, no per-record allocation).
@@ -128,7 +133,9 @@ private:
     std::string torn_detail_;
 };
 
-/// Appends records to a log file (creates it with the header for binary). flush() makes them visible to readers; sync() fsyncs.
+/// Appends records to a log file (creates it with the header for binary).
+///
+/// flush() makes them visible to readers; sync() fsyncs.
 ///
 /// A new binary log appears with its header already in place (written to a temporary file
 /// and renamed), so a following reader never sees a headerless file. Appending to a JSONL
@@ -186,7 +193,9 @@ struct convert_result {
     std::string torn_detail;                 ///< its description
 };
 
-/// Converts a log to another format losslessly; returns the number of records. Torn tail: reported via the returned struct, not copied.
+/// Converts a log to another format losslessly; returns the number of records.
+///
+/// A torn tail is reported in the result, not copied.
 ///
 /// The output is replaced, then synced. Throws like log_reader::next() and log_writer::write(),
 /// and errc::invalid_argument if in and out are the same file.
