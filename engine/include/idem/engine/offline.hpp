@@ -1,0 +1,113 @@
+#pragma once
+
+// Event logs through the apply path: an offline rebuild that replaces an environment
+// atomically, a resumable consumer of a log file, and a comparison of two environments.
+//
+//   idem::rebuild_options o;
+//   o.store.path = "data";
+//   o.store.consumer = "positions-projector";
+//   o.logs = {"fills.jsonl"};
+//   o.setup = [](idem::store& s) { s.add(positions()); };
+//   auto result = idem::rebuild(o);   // "data" now holds exactly what the logs say
+//
+// The rebuild applies events with the live path's rules (inbox, sequences, contributing
+// sets, dead letters): a log holds redeliveries too. It writes into a fresh environment
+// beside the target without syncing per batch, syncs once, then swaps directories with one
+// rename, so the target is always either the old or the new complete state.
+
+#include <idem/projections/store.hpp>
+#include <idem/storage/event_log.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace idem {
+
+/// How far a log run has come (for progress bars).
+struct log_progress {
+    std::uint64_t records = 0;      ///< records read so far, all logs
+    std::uint64_t bytes = 0;        ///< bytes read so far, all logs
+    std::uint64_t total_bytes = 0;  ///< size of all logs when the run started
+    std::chrono::steady_clock::duration elapsed{};
+};
+
+/// A log whose last record was cut short (a crash mid-append): it was not applied.
+struct torn_log {
+    std::filesystem::path log;
+    std::uint64_t offset = 0;
+    std::string detail;
+};
+
+/// Options shared by rebuild and consume.
+struct log_run_options {
+    store_options store{};                         ///< where and as which consumer (path, consumer, limits)
+    std::vector<std::filesystem::path> logs{};     ///< read in this order
+    std::function<void(idem::store&)> setup{};     ///< adds the projections
+    std::size_t batch = 10'000;                    ///< deliveries per write transaction
+    bool skip_bad = false;                         ///< skip corrupt records of binary logs (counted)
+    std::optional<log_format> format{};            ///< expected format (default: detected from each file)
+    std::function<void(const log_progress&)> progress{};  ///< called after every batch
+};
+
+/// What a run did.
+struct log_run_result {
+    std::uint64_t records = 0;          ///< records applied (delivered to the store) by this run
+    std::uint64_t skipped = 0;          ///< corrupt records skipped (skip_bad)
+    std::vector<torn_log> torn{};       ///< logs that end in an incomplete record
+    consumer_stats stats{};             ///< the consumer's counters afterwards
+    std::chrono::steady_clock::duration elapsed{};
+};
+
+/// Options of an offline rebuild.
+struct rebuild_options : log_run_options {
+    rebuild_options() { batch = 50'000; }
+};
+
+/// Returns the checkpoint source name of a log file (its absolute path, "log:" prefixed).
+std::string log_source(const std::filesystem::path& log);
+
+/// Rebuilds options.store.path from the logs: builds a fresh environment beside it
+/// ("<path>.rebuild"), syncs it once, and swaps it in with one atomic rename. A rebuild
+/// killed at any point leaves the target untouched; rerunning it starts over.
+/// Throws std::system_error naming the file and the cause on an I/O or storage failure.
+log_run_result rebuild(const rebuild_options& options);
+
+/// Builds an environment at options.store.path from the logs (which must not exist yet
+/// or be empty), synced once at the end; no swap. rebuild() and verify use it.
+log_run_result build(const rebuild_options& options);
+
+/// Options of a live, resumable consumer of log files.
+struct consume_options : log_run_options {
+    bool follow = false;                            ///< keep tailing the last log for appended records
+    std::chrono::milliseconds poll{100};            ///< how often a followed log is checked for new records
+    const std::atomic<bool>* stop = nullptr;        ///< set to true to stop following (commits what it read)
+};
+
+/// Applies the logs to options.store.path, each batch with its log's byte offset as the
+/// checkpoint in the same transaction; a rerun resumes exactly after the last commit.
+log_run_result consume(const consume_options& options);
+
+/// One projection's rows summarized.
+struct projection_digest {
+    std::string projection;
+    std::uint64_t rows = 0;
+    std::uint64_t digest = 0;  ///< over keys, versions and encoded states, in key order
+};
+
+/// The first difference between two environments, if any.
+struct comparison {
+    std::vector<projection_digest> left, right;
+    std::optional<std::string> first_difference;  ///< names the projection and the row
+};
+
+/// Compares the named projections of two environments row by row.
+comparison compare(const std::filesystem::path& left, const std::filesystem::path& right,
+                   const std::vector<std::string>& projections);
+
+}  // namespace idem

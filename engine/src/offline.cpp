@@ -1,0 +1,252 @@
+#include <idem/engine/offline.hpp>
+
+#include <idem/storage/error.hpp>
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <unistd.h>
+
+#include <span>
+#include <thread>
+
+namespace idem {
+
+namespace {
+
+using clock = std::chrono::steady_clock;
+
+void fsync_dir(const std::filesystem::path& dir) {
+    int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) throw std::system_error(errno, std::system_category(), "cannot open directory " + dir.string());
+    int rc = ::fsync(fd);
+    int saved = errno;
+    ::close(fd);
+    if (rc != 0) throw std::system_error(saved, std::system_category(), "cannot sync directory " + dir.string());
+}
+
+std::uint64_t file_size_or_zero(const std::filesystem::path& p) {
+    std::error_code ec;
+    auto n = std::filesystem::file_size(p, ec);
+    return ec ? 0 : n;
+}
+
+/// Reads the logs in order and applies them in batches, each with its log position as checkpoint.
+class log_run {
+public:
+    log_run(store& s, const log_run_options& o) : store_(s), options_(o) {
+        batch_.resize(std::max<std::size_t>(o.batch, 1));
+        for (const auto& log : o.logs) progress_.total_bytes += file_size_or_zero(log);
+    }
+
+    log_run_result run(bool resume, bool follow, std::chrono::milliseconds poll, const std::atomic<bool>* stop) {
+        poll_ = poll;
+        auto started = clock::now();
+        for (std::size_t i = 0; i < options_.logs.size(); ++i) {
+            const auto& path = options_.logs[i];
+            const bool tail = follow && i + 1 == options_.logs.size();
+            read_log(path, resume, tail, stop);
+            if (stop != nullptr && stop->load()) break;
+        }
+        result_.stats = store_.read().stats(store_.options().consumer);
+        result_.elapsed = clock::now() - started;
+        return std::move(result_);
+    }
+
+private:
+    void read_log(const std::filesystem::path& path, bool resume, bool follow, const std::atomic<bool>* stop) {
+        const std::string source = log_source(path);
+        log_reader_options ro;
+        ro.skip_bad = options_.skip_bad;
+        ro.follow = follow;
+        if (resume) ro.start = store_.read().checkpoint(store_.options().consumer, source).value_or(0);
+        log_reader reader{path, ro};
+        if (options_.format && reader.format() != *options_.format) {
+            throw_error(errc::invalid_argument, path.string() + ": is a " + std::string(to_string(reader.format())) +
+                                                    " log, not " + std::string(to_string(*options_.format)));
+        }
+        const std::uint64_t base = progress_.bytes;
+        const std::uint64_t started_at = reader.position();
+        log_record record;
+        for (;;) {
+            while (reader.next(record)) {
+                auto& d = batch_[used_++];
+                d.body.assign(record.body);
+                d.message_id.clear();
+                ++result_.records;
+                ++progress_.records;
+                if (used_ == batch_.size()) {
+                    flush(source, reader.position());
+                    progress_.bytes = base + (reader.position() - started_at);
+                    report();
+                }
+            }
+            flush(source, reader.position());
+            progress_.bytes = base + (reader.position() - started_at);
+            report();
+            if (!follow || (stop != nullptr && stop->load())) break;
+            std::this_thread::sleep_for(poll_);
+        }
+        result_.skipped += reader.skipped();
+        if (auto torn = reader.torn_tail()) result_.torn.push_back({path, *torn, reader.torn_detail()});
+    }
+
+    void flush(const std::string& source, std::uint64_t position) {
+        if (used_ == 0) return;
+        store_.apply(std::span<const delivery>(batch_.data(), used_), checkpoint{source, position});
+        used_ = 0;
+    }
+
+    void report() {
+        if (!options_.progress) return;
+        progress_.elapsed = clock::now() - started_;
+        options_.progress(progress_);
+    }
+
+    store& store_;
+    const log_run_options& options_;
+    std::vector<delivery> batch_;
+    std::size_t used_ = 0;
+    log_progress progress_;
+    log_run_result result_;
+    clock::time_point started_ = clock::now();
+    std::chrono::milliseconds poll_{100};
+};
+
+}  // namespace
+
+std::string log_source(const std::filesystem::path& log) {
+    return "log:" + std::filesystem::absolute(log).lexically_normal().string();
+}
+
+log_run_result build(const rebuild_options& options) {
+    const auto& dir = options.store.path;
+    if (std::filesystem::exists(dir) && !std::filesystem::is_empty(dir)) {
+        throw_error(errc::invalid_argument, dir.string() + ": a build needs a new, empty directory");
+    }
+    for (const auto& log : options.logs) {
+        if (!std::filesystem::exists(log)) {
+            throw std::system_error(ENOENT, std::system_category(), log.string() + ": cannot read the log");
+        }
+    }
+    auto so = options.store;
+    so.sync = durability::none;  // one sync at the end instead of one per batch
+    log_run_result result;
+    {
+        store s{so};
+        if (options.setup) options.setup(s);
+        log_run run{s, options};
+        result = run.run(false, false, {}, nullptr);
+        s.env()->sync(true);
+    }
+    fsync_dir(std::filesystem::absolute(dir).parent_path());
+    return result;
+}
+
+log_run_result rebuild(const rebuild_options& options) {
+    const auto target = std::filesystem::absolute(options.store.path).lexically_normal();
+    if (target.filename().empty()) throw_error(errc::invalid_argument, "rebuild: no target directory given");
+    auto fresh = target;
+    fresh += ".rebuild";
+    std::filesystem::remove_all(fresh);  // left by a rebuild that was killed: start over
+
+    auto o = options;
+    o.store.path = fresh;
+    auto result = build(o);
+
+    // Swap in one rename: the target is the old or the new environment, never a mix.
+    if (!std::filesystem::exists(target)) {
+        std::filesystem::rename(fresh, target);
+    } else if (!std::filesystem::is_directory(target)) {
+        throw_error(errc::invalid_argument, target.string() + ": exists and is not a directory");
+    } else if (::renameat2(AT_FDCWD, fresh.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) != 0) {
+        throw std::system_error(errno, std::system_category(),
+                                "cannot swap " + fresh.string() + " into " + target.string());
+    }
+    fsync_dir(target.parent_path());
+    std::filesystem::remove_all(fresh);  // now the previous environment
+    return result;
+}
+
+log_run_result consume(const consume_options& options) {
+    store s{options.store};
+    if (options.setup) options.setup(s);
+    log_run run{s, options};
+    return run.run(true, options.follow, options.poll, options.stop);
+}
+
+namespace {
+
+std::uint64_t fnv1a(std::uint64_t h, std::string_view bytes) {
+    for (char ch : bytes) {
+        auto c = static_cast<unsigned char>(ch);
+        h ^= c;
+        h *= 0x100000001b3ULL;
+    }
+    return h;
+}
+
+std::string row_bytes(const snapshot::raw_row_view& r) {
+    std::string out;
+    out.append(std::to_string(r.version)).push_back(' ');
+    out.append(std::to_string(r.highest_sequence)).push_back(' ');
+    out.append(std::to_string(r.state_version)).push_back(' ');
+    out.append(r.state);
+    return out;
+}
+
+std::string describe_row(std::string_view key, const std::string& bytes) {
+    auto v = bytes.substr(0, bytes.find(' '));
+    return "row '" + std::string(key) + "' (version " + v + ")";
+}
+
+}  // namespace
+
+comparison compare(const std::filesystem::path& left, const std::filesystem::path& right,
+                   const std::vector<std::string>& projections) {
+    comparison out;
+    auto l = snapshot::open(left);
+    auto r = snapshot::open(right);
+    for (const auto& name : projections) {
+        std::vector<std::pair<std::string, std::string>> right_rows;
+        projection_digest rd{name, 0, 0xcbf29ce484222325ULL};
+        r.scan_raw(name, [&](const snapshot::raw_row_view& row) {
+            auto bytes = row_bytes(row);
+            rd.digest = fnv1a(fnv1a(rd.digest, row.key), bytes);
+            ++rd.rows;
+            right_rows.emplace_back(std::string(row.key), std::move(bytes));
+        });
+        projection_digest ld{name, 0, 0xcbf29ce484222325ULL};
+        l.scan_raw(name, [&](const snapshot::raw_row_view& row) {
+            auto bytes = row_bytes(row);
+            ld.digest = fnv1a(fnv1a(ld.digest, row.key), bytes);
+            auto i = ld.rows++;
+            if (out.first_difference) return;
+            const std::string where = "projection '" + name + "': ";
+            if (i >= right_rows.size()) {
+                out.first_difference = where + describe_row(row.key, bytes) + " is only in " + left.string();
+            } else if (right_rows[i].first != row.key) {
+                const auto& other = right_rows[i].first;
+                out.first_difference = where + (row.key < other ? describe_row(row.key, bytes) + " is only in " + left.string()
+                                                                : describe_row(other, right_rows[i].second) +
+                                                                      " is only in " + right.string());
+            } else if (right_rows[i].second != bytes) {
+                out.first_difference = where + "row '" + std::string(row.key) + "' differs: " + left.string() +
+                                       " has version " + bytes.substr(0, bytes.find(' ')) + ", " + right.string() +
+                                       " has version " + right_rows[i].second.substr(0, right_rows[i].second.find(' ')) +
+                                       (right_rows[i].second.substr(0, right_rows[i].second.find(' ')) ==
+                                                bytes.substr(0, bytes.find(' '))
+                                            ? " (states differ)"
+                                            : "");
+            }
+        });
+        if (!out.first_difference && ld.rows < right_rows.size()) {
+            const auto& [key, bytes] = right_rows[ld.rows];
+            out.first_difference = "projection '" + name + "': " + describe_row(key, bytes) + " is only in " + right.string();
+        }
+        out.left.push_back(ld);
+        out.right.push_back(rd);
+    }
+    return out;
+}
+
+}  // namespace idem

@@ -1,0 +1,184 @@
+#include <idem/cli/tool.hpp>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <system_error>
+
+namespace idem::cli {
+
+arguments::arguments(std::string command, const std::vector<option>& known, const std::vector<std::string>& argv)
+    : command_(std::move(command)) {
+    for (std::size_t i = 0; i < argv.size(); ++i) {
+        std::string_view arg = argv[i];
+        if (arg.size() < 3 || arg.substr(0, 2) != "--") {
+            throw usage_error("unexpected argument '" + std::string(arg) + "' (options start with --)");
+        }
+        arg.remove_prefix(2);
+        std::optional<std::string> inline_value;
+        if (auto eq = arg.find('='); eq != std::string_view::npos) {
+            inline_value = std::string(arg.substr(eq + 1));
+            arg = arg.substr(0, eq);
+        }
+        auto spec = std::find_if(known.begin(), known.end(), [&](const option& o) { return o.name == arg; });
+        if (spec == known.end()) throw usage_error("unknown option '--" + std::string(arg) + "'");
+        if (!spec->repeated && values_.count(arg) != 0) {
+            throw usage_error("option '--" + std::string(arg) + "' given twice");
+        }
+        if (spec->value.empty()) {
+            if (inline_value) throw usage_error("option '--" + std::string(arg) + "' takes no value");
+            values_.emplace(std::string(arg), "");
+            continue;
+        }
+        if (!inline_value) {
+            if (i + 1 >= argv.size()) {
+                throw usage_error("option '--" + std::string(arg) + "' needs a value (" + spec->value + ")");
+            }
+            inline_value = argv[++i];
+        }
+        values_.emplace(std::string(arg), std::move(*inline_value));
+    }
+    for (const auto& o : known) {
+        if (o.required && values_.count(o.name) == 0) {
+            throw usage_error("missing option '--" + o.name + " " + o.value + "'");
+        }
+    }
+}
+
+std::optional<std::string> arguments::get(std::string_view name) const {
+    auto it = values_.find(name);
+    if (it == values_.end()) return std::nullopt;
+    return it->second;
+}
+
+const std::string& arguments::required(std::string_view name) const {
+    auto it = values_.find(name);
+    if (it == values_.end()) throw usage_error("missing option '--" + std::string(name) + "'");
+    return it->second;
+}
+
+std::vector<std::string> arguments::all(std::string_view name) const {
+    std::vector<std::string> out;
+    auto [first, last] = values_.equal_range(name);
+    for (auto it = first; it != last; ++it) out.push_back(it->second);
+    return out;
+}
+
+bool arguments::flag(std::string_view name) const { return values_.find(name) != values_.end(); }
+
+std::uint64_t arguments::number(std::string_view name, std::uint64_t fallback) const {
+    auto v = get(name);
+    if (!v) return fallback;
+    std::string text;
+    for (char c : *v) {
+        if (c != '_' && c != ',') text.push_back(c);
+    }
+    double scale = 1;
+    if (!text.empty()) {
+        switch (text.back()) {
+        case 'k': case 'K': scale = 1e3; text.pop_back(); break;
+        case 'm': case 'M': scale = 1e6; text.pop_back(); break;
+        case 'g': case 'G': scale = 1e9; text.pop_back(); break;
+        default: break;
+        }
+    }
+    errno = 0;
+    char* end = nullptr;
+    double d = std::strtod(text.c_str(), &end);
+    d *= scale;
+    if (text.empty() || end != text.c_str() + text.size() || errno != 0 || !(d >= 0) || d > 1.8e19 ||
+        d != std::floor(d)) {
+        throw usage_error("option '--" + std::string(name) + "': '" + *v + "' is not a non-negative whole number");
+    }
+    return static_cast<std::uint64_t>(d);
+}
+
+double arguments::real(std::string_view name, double fallback) const {
+    auto v = get(name);
+    if (!v) return fallback;
+    errno = 0;
+    char* end = nullptr;
+    double d = std::strtod(v->c_str(), &end);
+    if (v->empty() || end != v->c_str() + v->size() || errno != 0 || !std::isfinite(d)) {
+        throw usage_error("option '--" + std::string(name) + "': '" + *v + "' is not a number");
+    }
+    return d;
+}
+
+output::output() { buffer_.reserve(1 << 20); }
+
+output::~output() {
+    try {
+        flush();
+    } catch (...) {  // NOLINT: a destructor must not throw; run() flushes explicitly first
+    }
+}
+
+void output::write(std::string_view text) {
+    buffer_.append(text);
+    if (buffer_.size() >= (1u << 20)) flush();
+}
+
+void output::flush() {
+    std::size_t done = 0;
+    while (done < buffer_.size()) {
+        auto n = ::write(STDOUT_FILENO, buffer_.data() + done, buffer_.size() - done);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            auto e = errno;
+            buffer_.clear();
+            throw std::system_error(e, std::system_category(), "cannot write to standard output");
+        }
+        done += static_cast<std::size_t>(n);
+    }
+    buffer_.clear();
+}
+
+void append_json_text(std::string& out, std::string_view s) {
+    static constexpr char hex[] = "0123456789abcdef";
+    auto escape_byte = [&](unsigned char u) {
+        out += "\\u00";
+        out.push_back(hex[u >> 4]);
+        out.push_back(hex[u & 0xF]);
+    };
+    out.push_back('"');
+    std::size_t i = 0;
+    while (i < s.size()) {
+        auto u = static_cast<unsigned char>(s[i]);
+        if (u < 0x80) {
+            switch (u) {
+            case '"': out += "\\\""; break;
+            case '\\': out += "\\\\"; break;
+            case '\n': out += "\\n"; break;
+            case '\r': out += "\\r"; break;
+            case '\t': out += "\\t"; break;
+            default:
+                if (u < 0x20) {
+                    escape_byte(u);
+                } else {
+                    out.push_back(static_cast<char>(u));
+                }
+            }
+            ++i;
+            continue;
+        }
+        // A well-formed UTF-8 sequence is copied; any other byte is escaped on its own.
+        std::size_t len = (u >> 5) == 0x6 ? 2 : (u >> 4) == 0xE ? 3 : (u >> 3) == 0x1E ? 4 : 0;
+        bool ok = len != 0 && i + len <= s.size();
+        for (std::size_t k = 1; ok && k < len; ++k) ok = (static_cast<unsigned char>(s[i + k]) & 0xC0) == 0x80;
+        if (ok) {
+            out.append(s.substr(i, len));
+            i += len;
+        } else {
+            escape_byte(u);
+            ++i;
+        }
+    }
+    out.push_back('"');
+}
+
+}  // namespace idem::cli

@@ -1,0 +1,588 @@
+#include <idem/cli/tool.hpp>
+
+#include <idem/engine/offline.hpp>
+#include <idem/storage/error.hpp>
+#include <idem/storage/event_log.hpp>
+
+#include <simdjson.h>
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cinttypes>
+#include <cstdio>
+#include <iostream>
+
+namespace idem::cli {
+
+namespace {
+
+std::atomic<bool> stop_requested{false};
+
+extern "C" void on_stop_signal(int) { stop_requested.store(true); }
+
+std::string with_commas(std::uint64_t n) {
+    auto digits = std::to_string(n);
+    std::string out;
+    for (std::size_t i = 0; i < digits.size(); ++i) {
+        if (i != 0 && (digits.size() - i) % 3 == 0) out.push_back(',');
+        out.push_back(digits[i]);
+    }
+    return out;
+}
+
+std::string fixed(double v, int decimals) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
+    return buf;
+}
+
+double seconds(std::chrono::steady_clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+/// A progress bar on stderr when it is a terminal; nothing otherwise.
+class progress_bar {
+public:
+    explicit progress_bar(std::string label) : label_(std::move(label)), tty_(::isatty(STDERR_FILENO) == 1) {}
+
+    void update(const log_progress& p) {
+        if (!tty_) return;
+        auto now = std::chrono::steady_clock::now();
+        if (now - last_ < std::chrono::milliseconds(200) && p.bytes < p.total_bytes) return;
+        last_ = now;
+        const double s = std::max(seconds(p.elapsed), 1e-9);
+        const double fraction = p.total_bytes == 0 ? 1.0 : std::min(1.0, double(p.bytes) / double(p.total_bytes));
+        constexpr int width = 30;
+        auto filled = static_cast<int>(fraction * width);
+        std::string bar(static_cast<std::size_t>(filled), '#');
+        bar.append(static_cast<std::size_t>(width - filled), '.');
+        const double rate = double(p.records) / s;
+        const double bytes_rate = double(p.bytes) / s;
+        std::string eta = "-";
+        if (bytes_rate > 0 && p.total_bytes >= p.bytes) {
+            eta = fixed(double(p.total_bytes - p.bytes) / bytes_rate, 0) + "s";
+        }
+        std::fprintf(stderr, "\r%s [%s] %3.0f%%  %s events  %s events/s  ETA %s   ", label_.c_str(), bar.c_str(),
+                     fraction * 100, with_commas(p.records).c_str(), with_commas(std::uint64_t(rate)).c_str(),
+                     eta.c_str());
+        std::fflush(stderr);
+        drawn_ = true;
+    }
+    void finish() {
+        if (drawn_) std::fputs("\n", stderr);
+        drawn_ = false;
+    }
+
+private:
+    std::string label_;
+    bool tty_;
+    bool drawn_ = false;
+    std::chrono::steady_clock::time_point last_{};
+};
+
+void append_kv(std::string& out, std::string_view key, std::uint64_t v, bool comma = true) {
+    if (comma) out.push_back(',');
+    append_json_text(out, key);
+    out.push_back(':');
+    out.append(std::to_string(v));
+}
+
+std::string outcomes_json(const consumer_stats& s) {
+    std::string out = "{";
+    for (std::size_t i = 0; i < outcome_kinds; ++i) {
+        append_kv(out, to_string(static_cast<outcome_kind>(i)), s.outcomes[i], i != 0);
+    }
+    append_kv(out, "released", s.released);
+    out.push_back('}');
+    return out;
+}
+
+std::string run_json(const log_run_result& r) {
+    std::string out = "{";
+    append_kv(out, "records", r.records, false);
+    append_kv(out, "skipped", r.skipped);
+    out += ",\"seconds\":" + fixed(seconds(r.elapsed), 3);
+    out += ",\"events_per_second\":" + std::to_string(std::uint64_t(double(r.records) / std::max(seconds(r.elapsed), 1e-9)));
+    out += ",\"outcomes\":" + outcomes_json(r.stats);
+    out += ",\"torn\":[";
+    for (std::size_t i = 0; i < r.torn.size(); ++i) {
+        if (i != 0) out.push_back(',');
+        out += "{\"log\":";
+        append_json_text(out, r.torn[i].log.string());
+        append_kv(out, "offset", r.torn[i].offset);
+        out += ",\"detail\":";
+        append_json_text(out, r.torn[i].detail);
+        out.push_back('}');
+    }
+    out += "]}\n";
+    return out;
+}
+
+std::string summary_line(std::string_view what, const log_run_result& r) {
+    const auto& o = r.stats.outcomes;
+    auto at = [&](outcome_kind k) { return with_commas(o[static_cast<std::size_t>(k)]); };
+    std::string line = std::string(what) + ": " + with_commas(r.records) + " events in " + fixed(seconds(r.elapsed), 2) +
+                       " s (" + with_commas(std::uint64_t(double(r.records) / std::max(seconds(r.elapsed), 1e-9))) +
+                       " events/s); applied " + at(outcome_kind::applied) + ", duplicate message " +
+                       at(outcome_kind::duplicate_message) + ", duplicate event " + at(outcome_kind::duplicate_event) +
+                       ", parked " + at(outcome_kind::parked) + " (released " + with_commas(r.stats.released) +
+                       "), dead-lettered " + at(outcome_kind::dead_lettered) + ", ignored " + at(outcome_kind::ignored);
+    if (r.skipped != 0) line += ", " + with_commas(r.skipped) + " corrupt records skipped";
+    for (const auto& t : r.torn) {
+        line += "\n  " + t.log.string() + ": incomplete last record at offset " + std::to_string(t.offset) +
+                " not applied (" + t.detail + ")";
+    }
+    return line;
+}
+
+std::optional<log_format> parse_format(const arguments& a) {
+    auto v = a.get("format");
+    if (!v) return std::nullopt;
+    if (*v == "jsonl") return log_format::jsonl;
+    if (*v == "binary") return log_format::binary;
+    throw usage_error("option '--format': '" + *v + "' is neither jsonl nor binary");
+}
+
+durability parse_durability(const arguments& a) {
+    auto v = a.get("durability").value_or("full");
+    if (v == "full") return durability::full;
+    if (v == "periodic") return durability::periodic;
+    if (v == "none") return durability::none;
+    throw usage_error("option '--durability': '" + v + "' is not full, periodic or none");
+}
+
+void require_environment(const std::filesystem::path& db) {
+    if (!std::filesystem::exists(db / "data.mdb")) {
+        throw std::system_error(ENOENT, std::system_category(), db.string() + ": no idem environment here");
+    }
+}
+
+const option db_option{"db", "DIR", "the LMDB environment directory", true, false};
+const option log_option{"log", "FILE", "an event log (JSON Lines or binary); repeat for several, read in order", true,
+                        true};
+const option format_option{"format", "jsonl|binary", "the logs' format (default: detected from each file)"};
+const option skip_bad_option{"skip-bad", "", "skip corrupt records of binary logs and count them"};
+const option batch_option{"batch", "N", "events per write transaction"};
+
+}  // namespace
+
+struct tool::impl {
+    std::string name;
+    std::string consumer = "idem";
+    std::vector<std::shared_ptr<const projection_base>> projections;
+    std::vector<std::function<void(store&)>> installers;
+    std::function<void(store_options&)> configure;
+    std::vector<command> commands;
+
+    store_options store_for(const std::filesystem::path& db) const {
+        store_options o;
+        o.path = db;
+        o.consumer = consumer;
+        o.unknown_types = unknown_type_policy::dead_letter;
+        if (configure) configure(o);
+        return o;
+    }
+    std::function<void(store&)> setup() const {
+        return [this](store& s) {
+            for (const auto& install : installers) install(s);
+        };
+    }
+    const projection_base& projection_named(const std::string& n) const {
+        for (const auto& p : projections) {
+            if (p->name() == n) return *p;
+        }
+        std::string known;
+        for (const auto& p : projections) known += (known.empty() ? "" : ", ") + p->name();
+        throw usage_error("no projection named '" + n + "' (this tool has: " + known + ")");
+    }
+    std::vector<std::string> projection_names() const {
+        std::vector<std::string> out;
+        for (const auto& p : projections) out.push_back(p->name());
+        return out;
+    }
+
+    void row_json(std::string& out, const projection_base& p, const snapshot::raw_row_view& r) const {
+        out += "{\"key\":";
+        append_json_text(out, r.key);
+        append_kv(out, "version", r.version);
+        out += ",\"state\":";
+        p.write_json(*p.load(r.state, r.state_version), out);
+        out += "}\n";
+    }
+
+    void add_builtin_commands();
+    int usage(std::FILE* to) const;
+    int help(const command& c, std::FILE* to) const;
+};
+
+void tool::impl::add_builtin_commands() {
+    commands.push_back(command{
+        "rebuild",
+        "build every projection from event logs into a fresh environment, then swap it in atomically",
+        {db_option, log_option, format_option, skip_bad_option, batch_option},
+        [this](const arguments& a) {
+            rebuild_options o;
+            o.store = store_for(a.required("db"));
+            for (const auto& l : a.all("log")) o.logs.emplace_back(l);
+            o.setup = setup();
+            o.format = parse_format(a);
+            o.skip_bad = a.flag("skip-bad");
+            o.batch = static_cast<std::size_t>(std::max<std::uint64_t>(1, a.number("batch", o.batch)));
+            progress_bar bar{"rebuild"};
+            o.progress = [&](const log_progress& p) { bar.update(p); };
+            auto r = rebuild(o);
+            bar.finish();
+            std::fprintf(stderr, "%s\n", summary_line("rebuilt " + o.store.path.string(), r).c_str());
+            output out;
+            out.write(run_json(r));
+            out.flush();
+            return 0;
+        }});
+    commands.push_back(command{
+        "consume",
+        "apply event logs through the live path, resumable: the log offset is committed with each batch",
+        {db_option, log_option, format_option, skip_bad_option, batch_option,
+         {"follow", "", "keep tailing the last log for appended events (stop with Ctrl-C or SIGTERM)"},
+         {"durability", "full|periodic|none", "fsync policy (default full: a commit is on disk before the next)"}},
+        [this](const arguments& a) {
+            consume_options o;
+            o.store = store_for(a.required("db"));
+            o.store.sync = parse_durability(a);
+            for (const auto& l : a.all("log")) o.logs.emplace_back(l);
+            o.setup = setup();
+            o.format = parse_format(a);
+            o.skip_bad = a.flag("skip-bad");
+            o.batch = static_cast<std::size_t>(std::max<std::uint64_t>(1, a.number("batch", 1000)));
+            o.follow = a.flag("follow");
+            o.stop = &stop_requested;
+            struct sigaction sa{};
+            sa.sa_handler = on_stop_signal;
+            ::sigaction(SIGINT, &sa, nullptr);
+            ::sigaction(SIGTERM, &sa, nullptr);
+            progress_bar bar{"consume"};
+            o.progress = [&](const log_progress& p) { bar.update(p); };
+            auto r = consume(o);
+            bar.finish();
+            std::fprintf(stderr, "%s\n", summary_line("consumed into " + o.store.path.string(), r).c_str());
+            output out;
+            out.write(run_json(r));
+            out.flush();
+            return 0;
+        }});
+    commands.push_back(command{
+        "get",
+        "print one row as JSON: {\"key\",\"version\",\"state\"}",
+        {db_option, {"projection", "NAME", "the projection", true}, {"key", "KEY", "the row's aggregate key", true}},
+        [this](const arguments& a) {
+            const auto& p = projection_named(a.required("projection"));
+            std::filesystem::path db = a.required("db");
+            require_environment(db);
+            auto snap = snapshot::open(db);
+            auto r = snap.raw_row(p.name(), a.required("key"));
+            if (!r) {
+                std::fprintf(stderr, "%s get: projection '%s' has no row '%s'\n", name.c_str(), p.name().c_str(),
+                             a.required("key").c_str());
+                return 1;
+            }
+            std::string line;
+            row_json(line, p, *r);
+            output out;
+            out.write(line);
+            out.flush();
+            return 0;
+        }});
+    commands.push_back(command{
+        "dump",
+        "print every row of a projection as JSON Lines sorted by key: {\"key\",\"version\",\"state\"}",
+        {db_option, {"projection", "NAME", "the projection", true}},
+        [this](const arguments& a) {
+            const auto& p = projection_named(a.required("projection"));
+            std::filesystem::path db = a.required("db");
+            require_environment(db);
+            auto snap = snapshot::open(db);
+            output out;
+            std::string line;
+            snap.scan_raw(p.name(), [&](const snapshot::raw_row_view& r) {
+                line.clear();
+                row_json(line, p, r);
+                out.write(line);
+            });
+            out.flush();
+            return 0;
+        }});
+    commands.push_back(command{
+        "stats",
+        "print the consumer's counters as JSON: outcomes, inbox size, dead letters, checkpoints and lag, rows",
+        {db_option},
+        [this](const arguments& a) {
+            std::filesystem::path db = a.required("db");
+            require_environment(db);
+            auto snap = snapshot::open(db);
+            std::string out = "{\"consumer\":";
+            append_json_text(out, consumer);
+            append_kv(out, "commit", snap.commit());
+            auto s = snap.stats(consumer);
+            out += ",\"outcomes\":" + outcomes_json(s);
+            append_kv(out, "batches", s.batches);
+            append_kv(out, "inbox_size", snap.inbox_size(consumer));
+            append_kv(out, "parked", snap.parked(consumer));
+            append_kv(out, "dead_letters", snap.dead_letters(consumer).size());
+            out += ",\"checkpoints\":[";
+            bool first = true;
+            for (const auto& [source, position] : snap.checkpoints(consumer)) {
+                if (!first) out.push_back(',');
+                first = false;
+                out += "{\"source\":";
+                append_json_text(out, source);
+                append_kv(out, "position", position);
+                if (source.starts_with("log:")) {
+                    std::error_code ec;
+                    auto size = std::filesystem::file_size(source.substr(4), ec);
+                    if (!ec) append_kv(out, "lag_bytes", size > position ? size - position : 0);
+                }
+                out.push_back('}');
+            }
+            out += "],\"projections\":{";
+            first = true;
+            for (const auto& p : projections) {
+                std::uint64_t rows = 0;
+                snap.scan_raw(p->name(), [&](const snapshot::raw_row_view&) { ++rows; });
+                append_kv(out, p->name(), rows, !first);
+                first = false;
+            }
+            out += "}}\n";
+            output o;
+            o.write(out);
+            o.flush();
+            return 0;
+        }});
+    commands.push_back(command{
+        "deadletters",
+        "print the dead letters as JSON Lines: position, reason, detail, message id, time, and the event",
+        {db_option},
+        [this](const arguments& a) {
+            std::filesystem::path db = a.required("db");
+            require_environment(db);
+            auto snap = snapshot::open(db);
+            simdjson::dom::parser parser;
+            output out;
+            std::string line;
+            std::string compact;
+            for (const auto& d : snap.dead_letters(consumer)) {
+                line = "{";
+                append_kv(line, "position", d.position, false);
+                line += ",\"reason\":";
+                append_json_text(line, to_string(d.why));
+                line += ",\"detail\":";
+                append_json_text(line, d.detail);
+                line += ",\"message_id\":";
+                // Stored ids carry a one-letter namespace: 'm' transport id, 'e' event id.
+                append_json_text(line, d.message_id.empty() ? std::string_view{} : std::string_view(d.message_id).substr(1));
+                append_kv(line, "time_ns", d.time_ns);
+                compact.resize(d.body.size());
+                std::size_t n = 0;
+                simdjson::padded_string padded{d.body};
+                simdjson::dom::element e;
+                if (parser.parse(padded).get(e) == simdjson::SUCCESS &&
+                    simdjson::minify(d.body.data(), d.body.size(), compact.data(), n) == simdjson::SUCCESS) {
+                    compact.resize(n);
+                    line += ",\"envelope\":" + compact;  // the event as received, compacted
+                } else {
+                    line += ",\"body\":";  // not JSON: the text as received
+                    append_json_text(line, d.body);
+                }
+                line += "}\n";
+                out.write(line);
+            }
+            out.flush();
+            return 0;
+        }});
+    commands.push_back(command{
+        "verify",
+        "rebuild aside from the logs and compare every projection with DIR; exit 1 naming the first different row",
+        {db_option, log_option, format_option, skip_bad_option, batch_option},
+        [this](const arguments& a) {
+            std::filesystem::path db = std::filesystem::absolute(a.required("db")).lexically_normal();
+            require_environment(db);
+            rebuild_options o;
+            auto aside = db;
+            aside += ".verify-" + std::to_string(::getpid());
+            std::filesystem::remove_all(aside);
+            o.store = store_for(aside);
+            for (const auto& l : a.all("log")) o.logs.emplace_back(l);
+            o.setup = setup();
+            o.format = parse_format(a);
+            o.skip_bad = a.flag("skip-bad");
+            o.batch = static_cast<std::size_t>(std::max<std::uint64_t>(1, a.number("batch", o.batch)));
+            progress_bar bar{"verify"};
+            o.progress = [&](const log_progress& p) { bar.update(p); };
+            comparison c;
+            try {
+                build(o);
+                bar.finish();
+                c = compare(db, aside, projection_names());
+            } catch (...) {
+                std::filesystem::remove_all(aside);
+                throw;
+            }
+            std::filesystem::remove_all(aside);
+            std::string out = "{\"match\":";
+            out += c.first_difference ? "false" : "true";
+            out += ",\"projections\":[";
+            for (std::size_t i = 0; i < c.left.size(); ++i) {
+                if (i != 0) out.push_back(',');
+                out += "{\"projection\":";
+                append_json_text(out, c.left[i].projection);
+                append_kv(out, "rows", c.left[i].rows);
+                char hex[32];
+                std::snprintf(hex, sizeof hex, "%016" PRIx64, c.left[i].digest);
+                out += ",\"digest\":\"" + std::string(hex) + "\"";
+                append_kv(out, "rebuilt_rows", c.right[i].rows);
+                std::snprintf(hex, sizeof hex, "%016" PRIx64, c.right[i].digest);
+                out += ",\"rebuilt_digest\":\"" + std::string(hex) + "\"}";
+            }
+            out += "]";
+            if (c.first_difference) {
+                out += ",\"first_difference\":";
+                append_json_text(out, *c.first_difference);
+            }
+            out += "}\n";
+            output o2;
+            o2.write(out);
+            o2.flush();
+            if (c.first_difference) {
+                std::fprintf(stderr, "%s verify: %s differs from its logs: %s\n", name.c_str(), db.c_str(),
+                             c.first_difference->c_str());
+                return 1;
+            }
+            std::fprintf(stderr, "%s verify: %s matches its logs\n", name.c_str(), db.c_str());
+            return 0;
+        }});
+    commands.push_back(command{
+        "convert",
+        "convert an event log between JSON Lines and the binary format (lossless both ways)",
+        {{"in", "FILE", "the log to read", true},
+         {"out", "FILE", "the log to write (replaced)", true},
+         {"to", "jsonl|binary", "the output format", true},
+         skip_bad_option},
+        [](const arguments& a) {
+            auto to = a.required("to");
+            if (to != "jsonl" && to != "binary") {
+                throw usage_error("option '--to': '" + to + "' is neither jsonl nor binary");
+            }
+            auto r = convert_log(a.required("in"), a.required("out"), to == "jsonl" ? log_format::jsonl : log_format::binary,
+                                 a.flag("skip-bad"));
+            std::string out = "{";
+            append_kv(out, "records", r.records, false);
+            append_kv(out, "skipped", r.skipped);
+            if (r.torn_tail) {
+                append_kv(out, "torn_tail", *r.torn_tail);
+                out += ",\"torn_detail\":";
+                append_json_text(out, r.torn_detail);
+                std::fprintf(stderr, "convert: %s: incomplete last record at offset %" PRIu64 " not copied (%s)\n",
+                             a.required("in").c_str(), *r.torn_tail, r.torn_detail.c_str());
+            }
+            out += "}\n";
+            output o;
+            o.write(out);
+            o.flush();
+            return 0;
+        }});
+}
+
+int tool::impl::usage(std::FILE* to) const {
+    std::fprintf(to, "usage: %s COMMAND [OPTIONS]   (%s COMMAND --help for its options)\n\ncommands:\n", name.c_str(),
+                 name.c_str());
+    for (const auto& c : commands) std::fprintf(to, "  %-12s %s\n", c.name.c_str(), c.summary.c_str());
+    std::fprintf(to, "\nexit status: 0 success (dead-lettered input is counted, not an error), 1 usage error,\n"
+                     "2 I/O or storage failure.\n");
+    return to == stdout ? 0 : 1;
+}
+
+int tool::impl::help(const command& c, std::FILE* to) const {
+    std::string line = "usage: " + name + " " + c.name;
+    for (const auto& o : c.options) {
+        std::string part = "--" + o.name + (o.value.empty() ? "" : " " + o.value);
+        if (o.repeated) part += " [--" + o.name + " ...]";
+        line += o.required ? " " + part : " [" + part + "]";
+    }
+    std::fprintf(to, "%s\n\n%s\n\noptions:\n", line.c_str(), c.summary.c_str());
+    for (const auto& o : c.options) {
+        std::string flag = "--" + o.name + (o.value.empty() ? "" : " " + o.value);
+        std::fprintf(to, "  %-26s %s%s\n", flag.c_str(), o.help.c_str(), o.required ? " (required)" : "");
+    }
+    std::fprintf(to, "  %-26s %s\n", "--help", "show this help");
+    return to == stdout ? 0 : 1;
+}
+
+tool::tool(std::string name) : impl_(std::make_unique<impl>()) {
+    impl_->name = std::move(name);
+    impl_->add_builtin_commands();
+}
+
+tool::~tool() = default;
+
+tool& tool::consumer(std::string name) {
+    impl_->consumer = std::move(name);
+    return *this;
+}
+
+tool& tool::configure(std::function<void(store_options&)> fn) {
+    impl_->configure = std::move(fn);
+    return *this;
+}
+
+tool& tool::add_command(command c) {
+    auto& cs = impl_->commands;
+    auto it = std::find_if(cs.begin(), cs.end(), [&](const command& x) { return x.name == c.name; });
+    if (it != cs.end()) {
+        *it = std::move(c);
+    } else {
+        cs.push_back(std::move(c));
+    }
+    return *this;
+}
+
+tool& tool::add_projection(std::shared_ptr<const projection_base> p, std::function<void(store&)> install) {
+    impl_->projections.push_back(std::move(p));
+    impl_->installers.push_back(std::move(install));
+    return *this;
+}
+
+int tool::run(int argc, char** argv) {
+    std::vector<std::string> args;
+    for (int i = 1; i < argc; ++i) args.emplace_back(argv[i]);
+    return run(args);
+}
+
+int tool::run(const std::vector<std::string>& args) {
+    auto& s = *impl_;
+    if (args.empty()) return s.usage(stderr);
+    if (args[0] == "--help" || args[0] == "-h" || args[0] == "help") return s.usage(stdout);
+    auto it = std::find_if(s.commands.begin(), s.commands.end(), [&](const command& c) { return c.name == args[0]; });
+    if (it == s.commands.end()) {
+        std::fprintf(stderr, "%s: unknown command '%s'\n", s.name.c_str(), args[0].c_str());
+        s.usage(stderr);
+        return 1;
+    }
+    const auto& c = *it;
+    std::vector<std::string> rest(args.begin() + 1, args.end());
+    if (std::find(rest.begin(), rest.end(), "--help") != rest.end() ||
+        std::find(rest.begin(), rest.end(), "-h") != rest.end()) {
+        return s.help(c, stdout);
+    }
+    try {
+        arguments parsed{c.name, c.options, rest};
+        return c.run(parsed);
+    } catch (const usage_error& e) {
+        std::fprintf(stderr, "%s %s: %s\n", s.name.c_str(), c.name.c_str(), e.what());
+        s.help(c, stderr);
+        return 1;
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "%s %s: %s\n", s.name.c_str(), c.name.c_str(), e.what());
+        return 2;
+    }
+}
+
+}  // namespace idem::cli
