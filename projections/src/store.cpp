@@ -103,7 +103,13 @@ std::string truncate(std::string_view s, std::size_t n = 64) {
 
 }  // namespace
 
+namespace {
+class batch_run;
+}  // namespace
+
 struct store::impl {
+    impl();
+    ~impl();
     store_options options;
     std::shared_ptr<environment> env;
     MDB_dbi meta = 0;
@@ -117,7 +123,16 @@ struct store::impl {
     std::vector<std::unique_ptr<id_log>> contributors;  // per projection: row + effect key pairs
     envelope_parser parser;
 
+    // A bulk build (begin_bulk .. end_bulk): one transaction and one batch_run across apply() calls.
+    std::unique_ptr<write_txn> bulk_txn;
+    std::unique_ptr<batch_run> bulk;
+    std::uint64_t bulk_commit = 0;
+    std::size_t bulk_budget = 0;
+    std::map<std::string, std::uint64_t> bulk_checkpoints;
+
     std::vector<outcome> run(std::span<const delivery> batch, const std::optional<checkpoint>& at);
+    std::vector<outcome> run_bulk(std::span<const delivery> batch, const std::optional<checkpoint>& at);
+    void abandon_bulk();
     void open_tables() {
         streams = env->table("streams/" + options.consumer);
         parked = env->table("parked/" + options.consumer);
@@ -147,6 +162,9 @@ public:
 
     outcome deliver(const delivery& d);
     void finish(const std::optional<checkpoint>& at, std::uint64_t commit);
+    /// Bulk builds: writes what the batch holds so far (ids, effect keys, dead letters) into the
+    /// transaction, and the rows too when they exceed budget bytes (then forgets them).
+    void spill(std::size_t budget);
 
     consumer_stats stats;
 
@@ -172,6 +190,8 @@ private:
     bool has_contributor(std::size_t p, const std::string& contributor_key) const;
     std::uint64_t stream_highest(const std::string& subject);
     std::optional<std::string> parked_value(const std::string& key) const;
+    void write_rows();
+    void write_dead_letters();
 
     struct row_id_hash {
         std::size_t operator()(const std::pair<std::size_t, std::string>& id) const noexcept {
@@ -187,6 +207,7 @@ private:
     std::set<std::string> dirty_streams_;
     std::map<std::string, std::optional<std::string>> parked_;  // nullopt: deleted in this batch
     std::vector<std::string> dead_letters_;
+    std::size_t row_bytes_ = 0;  // an estimate of the memory rows_ holds
 };
 
 outcome batch_run::dead(reason why, std::string detail, std::string_view message_id, std::string_view body) {
@@ -401,6 +422,7 @@ batch_run::row_slot& batch_run::load_row(std::size_t p, const std::string& key) 
     auto [it, inserted] = rows_.try_emplace(std::pair{p, key});
     auto& slot = it->second;
     if (!inserted) return slot;
+    row_bytes_ += 2 * key.size() + 192;
     const auto& proj = *s_.projections[p];
     if (auto record = txn_.get(s_.tables[p], codec::row_key(key))) {
         auto decoded = codec::decode_row(*record);
@@ -431,7 +453,7 @@ std::optional<std::string> batch_run::parked_value(const std::string& key) const
     return std::nullopt;
 }
 
-void batch_run::finish(const std::optional<checkpoint>& at, std::uint64_t commit) {
+void batch_run::write_rows() {
     std::string value;
     // Writing each table's keys in order walks its B-tree left to right once.
     std::vector<std::pair<std::pair<std::size_t, std::string>, row_slot*>> dirty;
@@ -440,23 +462,58 @@ void batch_run::finish(const std::optional<checkpoint>& at, std::uint64_t commit
     }
     std::sort(dirty.begin(), dirty.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
     std::string state;
+    std::size_t table = SIZE_MAX;
+    std::string last;  // the table's last key before this write: keys after it are appended
     for (auto& [id, slot] : dirty) {
+        if (id.first != table) {
+            table = id.first;
+            cursor c{txn_, s_.tables[table]};
+            auto e = c.last();
+            last = e ? std::string(e->first) : std::string();
+        }
         const auto& proj = *s_.projections[id.first];
         slot->header.state_version = proj.state_version();
         state.clear();
         proj.save(*slot->state, state);
         value.clear();
         codec::encode_row(value, slot->header, state);
-        txn_.put(s_.tables[id.first], id.second, value);
+        const bool append = last.empty() || id.second > last;
+        txn_.put(s_.tables[id.first], id.second, value, append ? MDB_APPEND : 0u);
+        slot->dirty = false;
     }
+}
+
+void batch_run::write_dead_letters() {
+    if (dead_letters_.empty()) return;
+    cursor c{txn_, s_.dead};
+    auto last = c.last();
+    std::uint64_t position = last ? codec::get_u64_be(last->first) + 1 : 1;
+    for (const auto& d : dead_letters_) txn_.put(s_.dead, codec::u64_key(position++), d, MDB_APPEND);
+    dead_letters_.clear();
+}
+
+void batch_run::spill(std::size_t budget) {
+    // The index learns the written ids before the commit; abandon_bulk() rebuilds it from disk.
+    for (auto& c : s_.contributors) {
+        c->write(txn_);
+        c->committed();
+    }
+    s_.ids->write(txn_);
+    s_.ids->committed();
+    write_dead_letters();
+    if (row_bytes_ > budget) {
+        write_rows();
+        rows_.clear();
+        row_bytes_ = 0;
+    }
+}
+
+void batch_run::finish(const std::optional<checkpoint>& at, std::uint64_t commit) {
+    std::string value;
+    write_rows();
     for (auto& c : s_.contributors) c->write(txn_);
     s_.ids->write(txn_);
-    if (!dead_letters_.empty()) {
-        cursor c{txn_, s_.dead};
-        auto last = c.last();
-        std::uint64_t position = last ? codec::get_u64_be(last->first) + 1 : 1;
-        for (const auto& d : dead_letters_) txn_.put(s_.dead, codec::u64_key(position++), d, MDB_APPEND);
-    }
+    write_dead_letters();
     for (const auto& subject : dirty_streams_) {
         value.clear();
         codec::put_u64_le(value, streams_[subject]);
@@ -505,6 +562,72 @@ std::vector<outcome> store::impl::run(std::span<const delivery> batch, const std
     ids->committed();
     for (auto& c : contributors) c->committed();
     return outcomes;
+}
+
+std::vector<outcome> store::impl::run_bulk(std::span<const delivery> batch, const std::optional<checkpoint>& at) {
+    std::vector<outcome> outcomes;
+    outcomes.reserve(batch.size());
+    for (const auto& d : batch) {
+        outcomes.push_back(bulk->deliver(d));
+        outcomes.back().commit = bulk_commit;
+        ++bulk->stats.outcomes[static_cast<std::size_t>(outcomes.back().kind)];
+    }
+    if (at) bulk_checkpoints[at->source] = at->position;
+    bulk->spill(bulk_budget);
+    return outcomes;
+}
+
+void store::impl::abandon_bulk() {
+    bulk.reset();
+    bulk_txn.reset();  // aborts
+    bulk_checkpoints.clear();
+    rolled_back();
+    open_tables();  // the id indexes learned uncommitted ids: rebuild them from disk
+}
+
+store::impl::impl() = default;
+store::impl::~impl() = default;
+
+void store::begin_bulk(std::size_t memory_budget) {
+    auto& s = *impl_;
+    if (s.bulk) throw_error(errc::invalid_argument, "begin_bulk: a bulk build is already running");
+    s.bulk_txn = std::make_unique<write_txn>(*s.env);
+    try {
+        s.ids->catch_up(*s.bulk_txn);
+        for (auto& c : s.contributors) c->catch_up(*s.bulk_txn);
+        s.bulk_commit = 1;
+        if (auto v = s.bulk_txn->get(s.meta, commit_key); v && v->size() >= 8) s.bulk_commit = codec::get_u64_le(*v) + 1;
+        s.bulk = std::make_unique<batch_run>(s, *s.bulk_txn);
+        s.bulk->stats = decode_stats(s.bulk_txn->get(s.meta, stats_key(s.options.consumer)));
+        s.bulk_budget = memory_budget;
+    } catch (...) {
+        s.abandon_bulk();
+        throw;
+    }
+}
+
+void store::end_bulk() {
+    auto& s = *impl_;
+    if (!s.bulk) throw_error(errc::invalid_argument, "end_bulk: no bulk build is running");
+    try {
+        std::string value;
+        for (const auto& [source, position] : s.bulk_checkpoints) {
+            value.clear();
+            codec::put_u64_le(value, position);
+            s.bulk_txn->put(s.checkpoints, source, value);
+        }
+        s.bulk->finish(std::nullopt, s.bulk_commit);
+        if (s.options.before_commit) s.options.before_commit(s.bulk_commit);
+        s.bulk_txn->commit();
+    } catch (...) {
+        s.abandon_bulk();
+        throw;
+    }
+    s.ids->committed();
+    for (auto& c : s.contributors) c->committed();
+    s.bulk.reset();
+    s.bulk_txn.reset();
+    s.bulk_checkpoints.clear();
 }
 
 store::store(store_options options) : impl_(std::make_unique<impl>()) {
@@ -559,6 +682,14 @@ store& store::add_projection(std::unique_ptr<projection_base> p) {
 }
 
 std::vector<outcome> store::apply(std::span<const delivery> batch, const std::optional<checkpoint>& at) {
+    if (impl_->bulk) {
+        try {
+            return impl_->run_bulk(batch, at);
+        } catch (...) {
+            impl_->abandon_bulk();
+            throw;
+        }
+    }
     for (;;) {
         try {
             return impl_->run(batch, at);

@@ -131,6 +131,16 @@ public:
     std::vector<outcome> apply(std::span<const delivery> batch, const std::optional<checkpoint>& at = std::nullopt);
     /// Applies a single delivery (a batch of one).
     outcome apply(const delivery& d);
+
+    /// Starts a bulk build, for offline rebuilds into a fresh environment: every apply() until
+    /// end_bulk() runs in ONE write transaction, with the same rules and outcomes, and rows stay
+    /// in memory until they exceed memory_budget bytes (then they are written in key order and
+    /// dropped) or the build ends. Nothing is visible to readers or durable before end_bulk();
+    /// if an apply() throws, the whole build is abandoned (the store is as before begin_bulk()).
+    /// The map does not grow during a build: open the store with a map_size large enough.
+    void begin_bulk(std::size_t memory_budget);
+    /// Writes the remaining rows in key order and commits the bulk build (one commit number).
+    void end_bulk();
     /// Closes and reopens the environment and rebuilds every index from disk (after MDB_PANIC).
     /// Waits until no snapshot of this process is live.
     void reopen();
