@@ -47,7 +47,6 @@ public:
             read_log(path, resume, tail, stop);
             if (stop != nullptr && stop->load()) break;
         }
-        result_.stats = store_.read().stats(store_.options().consumer);
         result_.elapsed = clock::now() - started;
         return std::move(result_);
     }
@@ -130,12 +129,20 @@ log_run_result build(const rebuild_options& options) {
     }
     auto so = options.store;
     so.sync = durability::none;  // one sync at the end instead of one per batch
+    // A bulk build cannot grow the map half way: reserve address space for the logs' content
+    // several times over (the file only grows as it is written).
+    std::uint64_t log_bytes = 0;
+    for (const auto& log : options.logs) log_bytes += file_size_or_zero(log);
+    so.map_size = std::min<std::size_t>(so.max_map_size, std::max<std::size_t>(so.map_size, 8 * log_bytes));
     log_run_result result;
     {
         store s{so};
         if (options.setup) options.setup(s);
+        s.begin_bulk(options.memory_budget);
         log_run run{s, options};
         result = run.run(false, false, {}, nullptr);
+        s.end_bulk();
+        result.stats = s.read().stats(so.consumer);
         s.env()->sync(true);
     }
     fsync_dir(std::filesystem::absolute(dir).parent_path());
@@ -171,7 +178,9 @@ log_run_result consume(const consume_options& options) {
     store s{options.store};
     if (options.setup) options.setup(s);
     log_run run{s, options};
-    return run.run(true, options.follow, options.poll, options.stop);
+    auto result = run.run(true, options.follow, options.poll, options.stop);
+    result.stats = s.read().stats(options.store.consumer);
+    return result;
 }
 
 namespace {

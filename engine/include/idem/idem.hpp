@@ -6,5 +6,7 @@
 #include <idem/projections/store.hpp>
 #include <idem/storage/envelope.hpp>
 #include <idem/storage/error.hpp>
+#include <idem/storage/event_log.hpp>
 #include <idem/storage/lmdb.hpp>
 #include <idem/engine/engine.hpp>
+#include <idem/engine/offline.hpp>

@@ -67,6 +67,8 @@ struct log_run_result {
 /// Options of an offline rebuild.
 struct rebuild_options : log_run_options {
     rebuild_options() { batch = 50'000; }
+    /// Rows are aggregated in memory up to about this many bytes, then written in key order.
+    std::size_t memory_budget = std::size_t{1} << 30;
 };
 
 /// Returns the checkpoint source name of a log file (its absolute path, "log:" prefixed).
@@ -78,8 +80,9 @@ std::string log_source(const std::filesystem::path& log);
 /// Throws std::system_error naming the file and the cause on an I/O or storage failure.
 log_run_result rebuild(const rebuild_options& options);
 
-/// Builds an environment at options.store.path from the logs (which must not exist yet
-/// or be empty), synced once at the end; no swap. rebuild() and verify use it.
+/// Builds an environment at options.store.path (which must not exist yet or be empty) from
+/// the logs in one bulk build (store::begin_bulk), synced once at the end; no swap.
+/// rebuild() and verify use it.
 log_run_result build(const rebuild_options& options);
 
 /// Options of a live, resumable consumer of log files.
