@@ -4,6 +4,7 @@
 //   orders [DIR]     applies a stream of order events with redeliveries and
 //                    republished duplicates, then prints the totals it read back.
 
+#include <idem/examples/orders.hpp>
 #include <idem/idem.hpp>
 
 #include <cstdio>
@@ -13,22 +14,10 @@
 #include <string>
 #include <vector>
 
-// The event payload, decoded from the envelope's `data` by its cereal serialize().
-struct line_added {
-    static constexpr const char* event_type = "order.line_added";
-    std::string order_id;
-    std::int64_t amount = 0;  // minor units: results are exact
-    template <class Archive>
-    void serialize(Archive& ar) { ar(CEREAL_NVP(order_id), CEREAL_NVP(amount)); }
-};
-
-// The read model: one row per order.
-struct order_total {
-    std::int64_t total = 0;
-    std::int64_t lines = 0;
-    template <class Archive>
-    void serialize(Archive& ar) { ar(total, lines); }
-};
+// The event payload (line_added: {order_id, amount}, decoded from the envelope's `data`
+// by its cereal serialize()) and the read model (order_total: {total, lines}, one row per
+// order) live in the examples library: <idem/examples/orders.hpp>.
+using idem::examples::order_total;
 
 int main(int argc, char** argv) {
     std::filesystem::path dir = argc > 1 ? argv[1] : "orders-data";
@@ -36,12 +25,10 @@ int main(int argc, char** argv) {
 
     // The projection: what an event does to its row, and which row that is.
     idem::store store{{.path = dir, .consumer = "order-projector"}};
-    store.add(idem::projection<order_total>("order-totals")
-                  .on<line_added>([](order_total& t, const line_added& e) {
-                      t.total += e.amount;
-                      t.lines += 1;
-                  })
-                  .key([](const line_added& e) { return e.order_id; }));
+    // order_totals() is idem::projection<order_total>("order-totals")
+    //     .on<line_added>([](order_total& t, const line_added& e) { t.add(e); })   // total += amount, ++lines
+    //     .key([](const line_added& e) { return e.order_id; });
+    store.add(idem::examples::order_totals());
 
     // 10,000 distinct order lines over 100 orders; the expected totals are computed aside.
     std::mt19937_64 rng{42};
@@ -51,7 +38,7 @@ int main(int argc, char** argv) {
         idem::envelope e;
         e.id = "line-" + std::to_string(i);
         e.source = "/orders";
-        e.type = "order.line_added";
+        e.type = idem::examples::line_added::event_type;
         std::string order = "order-" + std::to_string(rng() % 100);
         auto amount = static_cast<std::int64_t>(rng() % 10000);
         e.data = R"({"order_id":")" + order + R"(","amount":)" + std::to_string(amount) + "}";
