@@ -1,0 +1,315 @@
+#!/usr/bin/env python3
+"""End-to-end tests of the `idem` command line: the real binary on real files.
+
+usage: cli_test.py PATH/TO/idem
+"""
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+IDEM = None
+
+OUTCOMES = ["applied", "duplicate_message", "duplicate_event", "parked", "dead_lettered", "ignored", "released"]
+
+
+def run(*args, check=True, timeout=300, **kw):
+    """Runs idem with args; returns the CompletedProcess (stdout/stderr as text)."""
+    p = subprocess.run([IDEM, *map(str, args)], capture_output=True, text=True, timeout=timeout, **kw)
+    if check and p.returncode != 0:
+        raise AssertionError(f"idem {' '.join(map(str, args))} exited {p.returncode}\nstderr: {p.stderr}")
+    return p
+
+
+def read_bytes(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def jsonl(text):
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+class cli_case(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="idem-cli-")
+
+    def tearDown(self):
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def path(self, name):
+        return os.path.join(self.dir, name)
+
+    def gen(self, name, domain="trading", events=4000, aggregates=300, fmt="jsonl", **shares):
+        args = ["gen", "--out", self.path(name), "--domain", domain, "--events", events,
+                "--aggregates", aggregates, "--format", fmt, "--seed", shares.pop("seed", 7)]
+        for k, v in shares.items():
+            args += ["--" + k, v]
+        return json.loads(run(*args).stdout)
+
+    def dump(self, db, projection):
+        return run("dump", "--db", db, "--projection", projection).stdout
+
+    def stats(self, db):
+        return json.loads(run("stats", "--db", db).stdout)
+
+    def assert_outcomes(self, stats_outcomes, expected):
+        for k in OUTCOMES:
+            self.assertEqual(stats_outcomes.get(k, 0), expected["outcomes"].get(k, 0), k)
+
+
+class usage_test(cli_case):
+    COMMANDS = ["rebuild", "consume", "get", "dump", "stats", "deadletters", "verify", "convert", "gen"]
+
+    def test_every_command_has_help(self):
+        top = run("--help")
+        for c in self.COMMANDS:
+            self.assertIn(c, top.stdout)
+            h = run(c, "--help")
+            self.assertIn("usage: idem " + c, h.stdout)
+            self.assertIn("--", h.stdout)
+
+    def test_usage_errors_exit_1(self):
+        self.assertEqual(run(check=False).returncode, 1)
+        for args in (["frobnicate"], ["get", "--db"], ["get", "--db", self.dir], ["dump", "--db", self.dir, "--bogus", "x"],
+                     ["rebuild", "--db", self.path("db")], ["gen", "--out", self.path("x"), "--events", "many"],
+                     ["gen", "--out", self.path("x"), "--domain", "chess"], ["convert", "--in", "a", "--out", "b", "--to", "xml"],
+                     ["get", "--db", self.dir, "--projection", "nope", "--key", "k"], ["stats", "positional"]):
+            p = run(*args, check=False)
+            self.assertEqual(p.returncode, 1, args)
+            self.assertIn("usage: idem", p.stderr, args)
+
+    def test_io_errors_exit_2_and_name_the_file(self):
+        missing = self.path("no-such.jsonl")
+        p = run("rebuild", "--db", self.path("db"), "--log", missing, check=False)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn(missing, p.stderr)
+        self.assertFalse(os.path.exists(self.path("db")))
+        p = run("stats", "--db", self.path("nowhere"), check=False)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("nowhere", p.stderr)
+
+
+class rebuild_test(cli_case):
+    def test_rebuild_matches_the_generators_expectation_and_every_read_command(self):
+        expected = self.gen("fills.jsonl", malformed=0.01)
+        db = self.path("db")
+        out = json.loads(run("rebuild", "--db", db, "--log", self.path("fills.jsonl")).stdout)
+        self.assertEqual(out["records"], expected["lines"])
+        self.assert_outcomes(out["outcomes"], expected)
+
+        stats = self.stats(db)
+        self.assert_outcomes(stats["outcomes"], expected)
+        self.assertEqual(stats["dead_letters"], expected["outcomes"]["dead_lettered"])
+        self.assertEqual(stats["parked"], 0)
+        self.assertGreater(stats["inbox_size"], 0)
+        self.assertEqual(stats["checkpoints"][0]["position"], os.path.getsize(self.path("fills.jsonl")))
+        self.assertEqual(stats["checkpoints"][0]["lag_bytes"], 0)
+
+        rows = jsonl(self.dump(db, "positions"))
+        self.assertEqual(stats["projections"]["positions"], len(rows))
+        keys = [r["key"] for r in rows]
+        self.assertEqual(keys, sorted(keys, key=lambda k: k.encode()))
+        for r in rows:
+            self.assertEqual(set(r), {"key", "version", "state"})
+            self.assertGreaterEqual(r["version"], 1)
+            self.assertIn("realized_pnl", r["state"])
+        totals = json.loads(expected["totals"]) if isinstance(expected["totals"], str) else expected["totals"]
+        if "qty" in totals:
+            self.assertEqual(sum(r["state"]["qty"] for r in rows), totals["qty"])
+        if "realized_pnl" in totals:
+            self.assertEqual(sum(r["state"]["realized_pnl"] for r in rows), totals["realized_pnl"])
+
+        one = rows[len(rows) // 2]
+        got = json.loads(run("get", "--db", db, "--projection", "positions", "--key", one["key"]).stdout)
+        self.assertEqual(got, one)
+        missing = run("get", "--db", db, "--projection", "positions", "--key", "no/such", check=False)
+        self.assertEqual(missing.returncode, 1)
+        self.assertIn("no/such", missing.stderr)
+
+        letters = jsonl(run("deadletters", "--db", db).stdout)
+        self.assertEqual(len(letters), expected["outcomes"]["dead_lettered"])
+        reasons = {}
+        for d in letters:
+            reasons[d["reason"]] = reasons.get(d["reason"], 0) + 1
+            self.assertTrue(d["detail"])
+            self.assertTrue("envelope" in d or "body" in d)
+        self.assertEqual(reasons, expected["dead_letter_reasons"])
+
+        v = run("verify", "--db", db, "--log", self.path("fills.jsonl"))
+        self.assertTrue(json.loads(v.stdout)["match"])
+
+    def test_every_domain_rebuilds_to_its_expectation(self):
+        for domain in ("orders", "game"):
+            expected = self.gen(domain + ".jsonl", domain=domain, malformed=0.005)
+            db = self.path(domain)
+            out = json.loads(run("rebuild", "--db", db, "--log", self.path(domain + ".jsonl")).stdout)
+            self.assert_outcomes(out["outcomes"], expected)
+            self.assertEqual(json.loads(run("verify", "--db", db, "--log", self.path(domain + ".jsonl")).stdout)["match"], True)
+
+    def test_rebuild_is_deterministic_and_replaces_the_old_state(self):
+        self.gen("a.jsonl", seed=1)
+        self.gen("b.jsonl", seed=2)
+        db = self.path("db")
+        run("rebuild", "--db", db, "--log", self.path("a.jsonl"))
+        first = self.dump(db, "positions")
+        run("rebuild", "--db", db, "--log", self.path("b.jsonl"))
+        other = self.dump(db, "positions")
+        self.assertNotEqual(first, other)
+        run("rebuild", "--db", db, "--log", self.path("a.jsonl"))
+        self.assertEqual(self.dump(db, "positions"), first)
+        self.assertFalse(os.path.exists(db + ".rebuild"))
+
+    def test_rebuild_killed_at_random_points_leaves_old_or_new_and_rerun_gives_the_same_dump(self):
+        self.gen("old.jsonl", seed=3, events=2000)
+        self.gen("new.jsonl", seed=4, events=30000, aggregates=2000)
+        db = self.path("db")
+        run("rebuild", "--db", db, "--log", self.path("old.jsonl"))
+        old = self.dump(db, "positions")
+        ref = self.path("ref")
+        run("rebuild", "--db", ref, "--log", self.path("new.jsonl"), "--batch", "500")
+        new = self.dump(ref, "positions")
+        rng = random.Random(11)
+        for _ in range(5):
+            p = subprocess.Popen([IDEM, "rebuild", "--db", db, "--log", self.path("new.jsonl"), "--batch", "500"],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(rng.uniform(0.0, 0.6))
+            p.send_signal(signal.SIGKILL)
+            p.wait()
+            self.assertIn(self.dump(db, "positions"), (old, new))
+        run("rebuild", "--db", db, "--log", self.path("new.jsonl"), "--batch", "500")
+        self.assertEqual(self.dump(db, "positions"), new)
+
+    def test_verify_names_the_first_differing_row(self):
+        self.gen("a.jsonl", seed=5, events=3000)
+        self.gen("more.jsonl", seed=6, events=200)
+        db = self.path("db")
+        run("rebuild", "--db", db, "--log", self.path("a.jsonl"))
+        run("consume", "--db", db, "--log", self.path("more.jsonl"), "--durability", "none")
+        p = run("verify", "--db", db, "--log", self.path("a.jsonl"), check=False)
+        self.assertEqual(p.returncode, 1)
+        out = json.loads(p.stdout)
+        self.assertFalse(out["match"])
+        self.assertIn("row '", out["first_difference"])
+        self.assertIn("positions", p.stderr)
+        self.assertFalse(any(n.startswith("db.verify") for n in os.listdir(self.dir)))
+
+
+class consume_test(cli_case):
+    def test_consume_equals_rebuild(self):
+        expected = self.gen("fills.jsonl", malformed=0.01)
+        run("rebuild", "--db", self.path("r"), "--log", self.path("fills.jsonl"))
+        out = json.loads(run("consume", "--db", self.path("c"), "--log", self.path("fills.jsonl"), "--batch", "300").stdout)
+        self.assert_outcomes(out["outcomes"], expected)
+        for projection in ("positions", "order-totals"):
+            self.assertEqual(self.dump(self.path("c"), projection), self.dump(self.path("r"), projection))
+        again = json.loads(run("consume", "--db", self.path("c"), "--log", self.path("fills.jsonl")).stdout)
+        self.assertEqual(again["records"], 0)  # resumed at the end: nothing read twice
+
+    def test_consume_killed_at_any_moment_resumes_exactly(self):
+        expected = self.gen("fills.jsonl", events=20000, aggregates=1000, malformed=0.002)
+        db = self.path("db")
+        rng = random.Random(5)
+        for _ in range(6):
+            p = subprocess.Popen([IDEM, "consume", "--db", db, "--log", self.path("fills.jsonl"), "--batch", "200"],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(rng.uniform(0.05, 0.5))
+            p.send_signal(signal.SIGKILL)
+            p.wait()
+        run("consume", "--db", db, "--log", self.path("fills.jsonl"), "--batch", "200")
+        self.assert_outcomes(self.stats(db)["outcomes"], expected)
+        run("rebuild", "--db", self.path("ref"), "--log", self.path("fills.jsonl"))
+        self.assertEqual(self.dump(db, "positions"), self.dump(self.path("ref"), "positions"))
+
+    def test_follow_applies_appended_events_and_stops_cleanly(self):
+        self.gen("all.jsonl", events=3000)
+        lines = read_bytes(self.path("all.jsonl")).splitlines(keepends=True)
+        log = self.path("live.jsonl")
+        with open(log, "wb") as f:
+            f.writelines(lines[:1000])
+        db = self.path("db")
+        p = subprocess.Popen([IDEM, "consume", "--db", db, "--log", log, "--follow"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            with open(log, "ab") as f:
+                for i in range(1000, len(lines), 250):
+                    time.sleep(0.1)
+                    chunk = b"".join(lines[i:i + 250])
+                    half = len(chunk) // 2 + 3  # cut inside a line: the reader must wait for its end
+                    f.write(chunk[:half])
+                    f.flush()
+                    time.sleep(0.05)
+                    f.write(chunk[half:])
+                    f.flush()
+            deadline = time.time() + 30
+            while time.time() < deadline:
+                if os.path.exists(os.path.join(db, "data.mdb")):
+                    cp = self.stats(db)["checkpoints"]
+                    if cp and cp[0]["position"] == os.path.getsize(log):
+                        break
+                time.sleep(0.1)
+        finally:
+            p.send_signal(signal.SIGTERM)
+            out, err = p.communicate(timeout=30)
+        self.assertEqual(p.returncode, 0, err)
+        self.assertEqual(json.loads(out)["records"], len(lines))
+        run("rebuild", "--db", self.path("ref"), "--log", self.path("all.jsonl"))
+        self.assertEqual(self.dump(db, "positions"), self.dump(self.path("ref"), "positions"))
+
+
+class log_format_test(cli_case):
+    def test_jsonl_binary_jsonl_is_byte_stable_and_rebuilds_the_same(self):
+        self.gen("a.jsonl", malformed=0.01)
+        b = json.loads(run("convert", "--in", self.path("a.jsonl"), "--out", self.path("a.bin"), "--to", "binary").stdout)
+        run("convert", "--in", self.path("a.bin"), "--out", self.path("b.jsonl"), "--to", "jsonl")
+        self.assertEqual(read_bytes(self.path("a.jsonl")), read_bytes(self.path("b.jsonl")))
+        self.assertGreater(b["records"], 0)
+        run("rebuild", "--db", self.path("j"), "--log", self.path("a.jsonl"))
+        run("rebuild", "--db", self.path("b"), "--log", self.path("a.bin"), "--format", "binary")
+        self.assertEqual(self.dump(self.path("j"), "positions"), self.dump(self.path("b"), "positions"))
+        wrong = run("rebuild", "--db", self.path("w"), "--log", self.path("a.bin"), "--format", "jsonl", check=False)
+        self.assertNotEqual(wrong.returncode, 0)
+
+    def test_torn_binary_tail_is_reported_and_everything_before_it_applied(self):
+        self.gen("a.bin", fmt="binary", events=1000)
+        size = os.path.getsize(self.path("a.bin"))
+        with open(self.path("a.bin"), "r+b") as f:
+            f.truncate(size - 7)
+        out = json.loads(run("rebuild", "--db", self.path("db"), "--log", self.path("a.bin")).stdout)
+        self.assertEqual(len(out["torn"]), 1)
+        self.assertGreater(out["torn"][0]["offset"], 0)
+        run("convert", "--in", self.path("a.bin"), "--out", self.path("a.jsonl"), "--to", "jsonl")
+        lines = read_bytes(self.path("a.jsonl")).splitlines()
+        self.assertEqual(out["records"], len(lines))
+
+    def test_corrupt_middle_record_fails_naming_the_offset_unless_skipped(self):
+        self.gen("a.bin", fmt="binary", events=1000)
+        with open(self.path("a.bin"), "r+b") as f:
+            f.seek(os.path.getsize(self.path("a.bin")) // 2)
+            byte = f.read(1)
+            f.seek(-1, 1)
+            f.write(bytes([byte[0] ^ 0x40]))
+        p = run("rebuild", "--db", self.path("db"), "--log", self.path("a.bin"), check=False)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("a.bin", p.stderr)
+        self.assertIn("offset", p.stderr)
+        self.assertFalse(os.path.exists(self.path("db")))
+        out = json.loads(run("rebuild", "--db", self.path("db"), "--log", self.path("a.bin"), "--skip-bad").stdout)
+        self.assertEqual(out["skipped"], 1)
+
+
+if __name__ == "__main__":
+    IDEM = os.path.abspath(sys.argv.pop(1))
+    result = unittest.main(exit=False, verbosity=2).result
+    total = result.testsRun
+    failed = len(result.failures) + len(result.errors)
+    # The same closing line as the C++ test executables, so one summary counts both.
+    print(f"[cli] test cases: {total} | {total - failed} passed | {failed} failed")
+    sys.exit(1 if failed else 0)
