@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
-#include <set>
 #include <unordered_map>
 
 namespace idem {
@@ -158,7 +157,10 @@ namespace {
 // The state of one batch while it is being applied; written out at the end, in key order.
 class batch_run {
 public:
-    batch_run(store::impl& s, write_txn& txn) : s_(s), txn_(txn) {}
+    batch_run(store::impl& s, write_txn& txn) : s_(s), txn_(txn) {
+        cursor c{txn_, s_.parked};
+        parked_possible_ = c.first().has_value();
+    }
 
     outcome deliver(const delivery& d);
     void finish(const std::optional<checkpoint>& at, std::uint64_t commit);
@@ -203,8 +205,12 @@ private:
     write_txn& txn_;
     std::uint64_t time_ns_ = now_ns();
     std::unordered_map<std::pair<std::size_t, std::string>, row_slot, row_id_hash> rows_;
-    std::map<std::string, std::uint64_t> streams_;
-    std::set<std::string> dirty_streams_;
+    struct stream_state {
+        std::uint64_t highest = 0;
+        bool dirty = false;
+    };
+    std::unordered_map<std::string, stream_state> streams_;
+    bool parked_possible_ = false;  // the parked table or this batch holds an event: release_parked must look
     std::map<std::string, std::optional<std::string>> parked_;  // nullopt: deleted in this batch
     std::vector<std::string> dead_letters_;
     std::size_t row_bytes_ = 0;  // an estimate of the memory rows_ holds
@@ -228,19 +234,17 @@ outcome batch_run::deliver(const delivery& d) {
         std::string message_id;
         if (!d.message_id.empty()) {
             message_id = transport_message_id(d.message_id);
-            if (s_.ids->contains(txn_, message_id)) {
+            if (!s_.ids->stage_if_new(txn_, message_id, time_ns_)) {
                 return outcome{outcome_kind::duplicate_message, reason::none, "message already processed", 0};
             }
-            s_.ids->stage(message_id, time_ns_);
         }
         return dead(err.why, "malformed event: " + err.detail, message_id, d.body);
     }
     std::string message_id = d.message_id.empty() ? ev.message_id() : transport_message_id(d.message_id);
-    if (s_.ids->contains(txn_, message_id)) {
+    if (!s_.ids->stage_if_new(txn_, message_id, time_ns_)) {
         return outcome{outcome_kind::duplicate_message, reason::none,
                        describe(ev) + ": message '" + truncate(message_id.substr(1)) + "' already processed", 0};
     }
-    s_.ids->stage(message_id, time_ns_);
     return process(ev, message_id, d.body);
 }
 
@@ -289,6 +293,7 @@ outcome batch_run::process(const envelope& ev, std::string_view message_id, std:
             put_str(value, message_id);
             value.append(body);
             parked_[key] = std::move(value);
+            parked_possible_ = true;
             return outcome{outcome_kind::parked, reason::none,
                            describe(ev) + ": sequence " + std::to_string(seq) + " of '" + truncate(ev.subject) +
                                "' waits for " + std::to_string(highest + 1),
@@ -298,14 +303,13 @@ outcome batch_run::process(const envelope& ev, std::string_view message_id, std:
     // A dead-lettered event still moves its stream on: it is kept for the operator, and
     // holding every later event of the stream behind it would stall the aggregate.
     auto result = apply_projections(ev, message_id, body);
-    streams_[ev.subject] = std::max(highest, seq);
-    dirty_streams_.insert(ev.subject);
+    streams_[ev.subject] = stream_state{std::max(highest, seq), true};
     release_parked(ev.subject);
     return result;
 }
 
 void batch_run::release_parked(const std::string& subject) {
-    if (s_.options.gaps != gap_policy::park) return;
+    if (s_.options.gaps != gap_policy::park || !parked_possible_) return;
     for (;;) {
         auto highest = stream_highest(subject);
         auto key = parked_key(subject, highest + 1);
@@ -321,8 +325,7 @@ void batch_run::release_parked(const std::string& subject) {
         }
         auto result = apply_projections(ev, message_id, rest);
         ++stats.released;
-        streams_[subject] = highest + 1;
-        dirty_streams_.insert(subject);
+        streams_[subject] = stream_state{highest + 1, true};
         if (result.kind == outcome_kind::dead_lettered) {
             ++stats.outcomes[static_cast<std::size_t>(outcome_kind::dead_lettered)];
         }
@@ -342,13 +345,13 @@ outcome batch_run::apply_projections(const envelope& ev, std::string_view messag
         const auto* h = proj.find(ev.type);
         if (h == nullptr) continue;
         handled = true;
-        const std::string where = describe(ev) + ", projection '" + proj.name() + "'";
+        auto where = [&] { return describe(ev) + ", projection '" + proj.name() + "'"; };
 
         std::shared_ptr<const void> decoded;
         try {
             decoded = h->decode(ev.data);
         } catch (const std::exception& e) {
-            return dead(reason::decode_failed, where + ": data does not decode as " + ev.type + ": " + e.what(),
+            return dead(reason::decode_failed, where() + ": data does not decode as " + ev.type + ": " + e.what(),
                         message_id, body);
         }
         std::optional<std::string> effect;
@@ -357,25 +360,25 @@ outcome batch_run::apply_projections(const envelope& ev, std::string_view messag
             proj.keys(*h, decoded.get(), m, keys);
             effect = proj.effect_key(*h, decoded.get(), m);
         } catch (const std::exception& e) {
-            return dead(reason::handler_failed, where + ": key function threw: " + e.what(), message_id, body);
+            return dead(reason::handler_failed, where() + ": key function threw: " + e.what(), message_id, body);
         }
         if (keys.empty()) {
-            return dead(reason::missing_key, where + ": no aggregate key (the event has no subject)", message_id,
+            return dead(reason::missing_key, where() + ": no aggregate key (the event has no subject)", message_id,
                         body);
         }
         if (effect && effect->empty()) {
-            return dead(reason::missing_key, where + ": the effect key is empty", message_id, body);
+            return dead(reason::missing_key, where() + ": the effect key is empty", message_id, body);
         }
         std::sort(keys.begin(), keys.end());
         keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
         for (const auto& key : keys) {
             if (key.empty()) {
-                return dead(reason::missing_key, where + ": an aggregate key is empty", message_id, body);
+                return dead(reason::missing_key, where() + ": an aggregate key is empty", message_id, body);
             }
             auto contributor = codec::contributor_key(key, effect ? *effect : event_id);
             if (contributor.size() > limit) {
                 return dead(reason::key_too_long,
-                            where + ": row key '" + truncate(key) + "' (" + std::to_string(key.size()) +
+                            where() + ": row key '" + truncate(key) + "' (" + std::to_string(key.size()) +
                                 " bytes) with its effect key (" +
                                 std::to_string(effect ? effect->size() : event_id.size()) +
                                 " bytes) exceeds LMDB's " + std::to_string(limit) + "-byte key limit",
@@ -390,7 +393,7 @@ outcome batch_run::apply_projections(const envelope& ev, std::string_view messag
             try {
                 h->apply(*copy, decoded.get(), m);
             } catch (const std::exception& e) {
-                return dead(reason::handler_failed, where + ", row '" + truncate(key) + "': handler threw: " + e.what(),
+                return dead(reason::handler_failed, where() + ", row '" + truncate(key) + "': handler threw: " + e.what(),
                             message_id, body);
             }
             staged.push_back(staged_change{p, &slot, std::move(copy), std::move(contributor), own_stream});
@@ -440,10 +443,10 @@ bool batch_run::has_contributor(std::size_t p, const std::string& contributor_ke
 }
 
 std::uint64_t batch_run::stream_highest(const std::string& subject) {
-    if (auto it = streams_.find(subject); it != streams_.end()) return it->second;
+    if (auto it = streams_.find(subject); it != streams_.end()) return it->second.highest;
     std::uint64_t highest = 0;
     if (auto v = txn_.get(s_.streams, subject); v && v->size() >= 8) highest = codec::get_u64_le(*v);
-    streams_.emplace(subject, highest);
+    streams_.emplace(subject, stream_state{highest, false});
     return highest;
 }
 
@@ -514,9 +517,14 @@ void batch_run::finish(const std::optional<checkpoint>& at, std::uint64_t commit
     for (auto& c : s_.contributors) c->write(txn_);
     s_.ids->write(txn_);
     write_dead_letters();
-    for (const auto& subject : dirty_streams_) {
+    std::vector<std::pair<std::string_view, std::uint64_t>> dirty_streams;
+    for (const auto& [subject, st] : streams_) {
+        if (st.dirty) dirty_streams.emplace_back(subject, st.highest);
+    }
+    std::sort(dirty_streams.begin(), dirty_streams.end());
+    for (const auto& [subject, highest] : dirty_streams) {
         value.clear();
-        codec::put_u64_le(value, streams_[subject]);
+        codec::put_u64_le(value, highest);
         txn_.put(s_.streams, subject, value);
     }
     for (const auto& [key, v] : parked_) {

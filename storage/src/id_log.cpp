@@ -2,6 +2,7 @@
 
 #include <idem/storage/codec.hpp>
 
+#include <algorithm>
 #include <functional>
 
 namespace idem {
@@ -70,10 +71,18 @@ void id_log::catch_up(const txn_base& txn) {
 }
 
 bool id_log::contains(const txn_base& txn, std::string_view id) const {
-    if (staged_ids_.contains(id)) {
-        return true;
-    }
     auto hash = hash_of(id);
+    return staged(id, hash) || indexed(txn, id, hash);
+}
+
+bool id_log::stage_if_new(const txn_base& txn, std::string_view id, std::uint64_t time_ns) {
+    auto hash = hash_of(id);
+    if (staged(id, hash) || indexed(txn, id, hash)) return false;
+    stage_hashed(id, time_ns, hash);
+    return true;
+}
+
+bool id_log::indexed(const txn_base& txn, std::string_view id, std::uint64_t hash) const {
     std::size_t mask = slots_.size() - 1;
     for (std::size_t i = static_cast<std::size_t>(hash) & mask; slots_[i].position != 0; i = (i + 1) & mask) {
         if (slots_[i].hash != hash) continue;
@@ -86,39 +95,57 @@ bool id_log::contains(const txn_base& txn, std::string_view id) const {
     return false;
 }
 
-void id_log::stage(std::string_view id, std::uint64_t time_ns) {
-    if (staged_.capacity() == staged_.size()) {
-        // staged_ids_ holds views into staged_'s strings; moving short strings would
-        // move their bytes (SSO), so re-point every view after growing.
-        staged_.reserve(staged_.size() * 2 + 64);
-        staged_ids_.clear();
-        for (const auto& [staged_id, t] : staged_) staged_ids_.insert(staged_id);
+bool id_log::staged(std::string_view id, std::uint64_t hash) const {
+    if (staged_.empty()) return false;
+    std::size_t mask = staged_slots_.size() - 1;
+    for (std::size_t i = static_cast<std::size_t>(hash) & mask; staged_slots_[i] != 0; i = (i + 1) & mask) {
+        const auto& s = staged_[staged_slots_[i] - 1];
+        if (s.hash == hash && s.id == id) return true;
     }
-    staged_.emplace_back(std::string(id), time_ns);
-    staged_ids_.insert(staged_.back().first);
+    return false;
+}
+
+void id_log::stage(std::string_view id, std::uint64_t time_ns) { stage_hashed(id, time_ns, hash_of(id)); }
+
+void id_log::stage_hashed(std::string_view id, std::uint64_t time_ns, std::uint64_t hash) {
+    if ((staged_.size() + 1) * 10 > staged_slots_.size() * 7) {
+        staged_slots_.assign(std::max<std::size_t>(64, staged_slots_.size() * 2), 0);
+        std::size_t mask = staged_slots_.size() - 1;
+        for (std::size_t k = 0; k < staged_.size(); ++k) {
+            auto i = static_cast<std::size_t>(staged_[k].hash) & mask;
+            while (staged_slots_[i] != 0) i = (i + 1) & mask;
+            staged_slots_[i] = static_cast<std::uint32_t>(k + 1);
+        }
+    }
+    std::size_t mask = staged_slots_.size() - 1;
+    auto i = static_cast<std::size_t>(hash) & mask;
+    while (staged_slots_[i] != 0) i = (i + 1) & mask;
+    staged_.push_back(staged_id{std::string(id), time_ns, hash});
+    staged_slots_[i] = static_cast<std::uint32_t>(staged_.size());
 }
 
 void id_log::write(write_txn& txn) {
     std::string value;
     auto position = next_position_;
-    for (const auto& [staged_id, time_ns] : staged_) {
+    for (const auto& s : staged_) {
         value.clear();
-        codec::put_u64_le(value, time_ns);
-        value.append(staged_id);
+        codec::put_u64_le(value, s.time_ns);
+        value.append(s.id);
         txn.put(table_, codec::u64_key(position++), value, MDB_APPEND);
     }
 }
 
 void id_log::committed() {
-    for (const auto& [staged_id, time_ns] : staged_) {
-        insert(hash_of(staged_id), next_position_++);
+    for (const auto& s : staged_) {
+        insert(s.hash, next_position_++);
     }
     rolled_back();
 }
 
 void id_log::rolled_back() {
-    staged_ids_.clear();
+    if (staged_.empty()) return;
     staged_.clear();
+    std::fill(staged_slots_.begin(), staged_slots_.end(), 0u);
 }
 
 }  // namespace idem

@@ -21,7 +21,6 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
-#include <unordered_set>
 #include <vector>
 
 namespace idem {
@@ -40,6 +39,8 @@ public:
     bool contains(const txn_base& txn, std::string_view id) const;
     /// Records id for the batch being built; it becomes visible to contains() at once.
     void stage(std::string_view id, std::uint64_t time_ns);
+    /// Stages id unless it is recorded or staged already; returns whether it was new (one hash, one probe).
+    bool stage_if_new(const txn_base& txn, std::string_view id, std::uint64_t time_ns);
     /// Appends the staged ids to the log inside txn.
     void write(write_txn& txn);
     /// Merges the staged ids into the index; call only after the commit succeeded.
@@ -57,16 +58,24 @@ private:
         std::uint64_t hash = 0;
         std::uint64_t position = 0;  // position + 1; 0 marks an empty slot
     };
+    struct staged_id {
+        std::string id;
+        std::uint64_t time_ns = 0;
+        std::uint64_t hash = 0;
+    };
     static std::uint64_t hash_of(std::string_view id) noexcept;
     void insert(std::uint64_t hash, std::uint64_t position);
     void rebuild(const txn_base& txn);
+    bool indexed(const txn_base& txn, std::string_view id, std::uint64_t hash) const;
+    bool staged(std::string_view id, std::uint64_t hash) const;
+    void stage_hashed(std::string_view id, std::uint64_t time_ns, std::uint64_t hash);
 
     MDB_dbi table_;
     std::vector<slot> slots_;
     std::size_t count_ = 0;
     std::uint64_t next_position_ = 1;  // the position the next append gets
-    std::vector<std::pair<std::string, std::uint64_t>> staged_;
-    std::unordered_set<std::string_view> staged_ids_;  // views into staged_ strings (stable: reserved)
+    std::vector<staged_id> staged_;
+    std::vector<std::uint32_t> staged_slots_;  // open addressing over staged_: index + 1; 0 marks an empty slot
 };
 
 }  // namespace idem
