@@ -13,6 +13,7 @@
 // function. Handlers must be pure functions of (state, event): they run on a copy of
 // the state and may run again if a batch is retried after the map grew.
 
+#include <idem/projections/json_archive.hpp>
 #include <idem/storage/envelope.hpp>
 #include <idem/storage/error.hpp>
 
@@ -149,8 +150,12 @@ void write_json(const State& state, std::string& out) {
 template <class E>
 std::shared_ptr<const void> decode_event(std::string_view data) {
     auto event = std::make_shared<E>();
-    if constexpr (member_serializable<E>) {
+    if constexpr (requires(json_input_archive& a, E& e) { e.serialize(a); }) {
         // The payload object is the archive's root: E's fields are read from it directly.
+        json_input_archive archive{data};
+        event->serialize(archive);
+    } else if constexpr (member_serializable<E>) {
+        // A serialize() written for cereal's JSON archive alone.
         view_buf buf{data};
         std::istream in{&buf};
         cereal::JSONInputArchive archive{in};
