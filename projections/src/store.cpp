@@ -129,8 +129,8 @@ struct store::impl {
     std::size_t bulk_budget = 0;
     std::map<std::string, std::uint64_t> bulk_checkpoints;
 
-    std::vector<outcome> run(std::span<const delivery> batch, const std::optional<checkpoint>& at);
-    std::vector<outcome> run_bulk(std::span<const delivery> batch, const std::optional<checkpoint>& at);
+    std::vector<outcome> run(const prepared_batch& batch, const std::optional<checkpoint>& at);
+    std::vector<outcome> run_bulk(const prepared_batch& batch, const std::optional<checkpoint>& at);
     void abandon_bulk();
     void open_tables() {
         streams = env->table("streams/" + options.consumer);
@@ -152,6 +152,90 @@ struct store::impl {
     }
 };
 
+struct prepared_batch::item {
+    /// What one projection makes of the event: its decoded payload and rows, or why not.
+    struct part {
+        std::size_t projection = 0;
+        const projection_base::handler* handler = nullptr;
+        std::shared_ptr<const void> decoded;
+        std::vector<std::string> keys;  // sorted, unique, non-empty
+        std::optional<std::string> effect;
+        reason failed = reason::none;  // decode_failed, handler_failed (a key function), missing_key
+        std::string detail;
+    };
+    std::string body;
+    std::string transport_id;
+    parse_error err;  // err.why != none: the envelope is rejected as a whole
+    envelope ev;
+    std::vector<part> parts;  // per projection handling ev.type, in the order projections were added
+};
+
+prepared_batch::prepared_batch() = default;
+prepared_batch::~prepared_batch() = default;
+prepared_batch::prepared_batch(prepared_batch&&) noexcept = default;
+prepared_batch& prepared_batch::operator=(prepared_batch&&) noexcept = default;
+std::size_t prepared_batch::size() const noexcept { return items_.size(); }
+
+namespace {
+
+using part = prepared_batch::item::part;
+
+/// Decodes the event for every projection handling its type and runs the key functions.
+void prepare_parts(const store::impl& s, const envelope& ev, std::vector<part>& parts) {
+    parts.clear();
+    meta m{ev.id, ev.source, ev.type, ev.subject, ev.sequence, ev.time, {}};
+    for (std::size_t p = 0; p < s.projections.size(); ++p) {
+        const auto& proj = *s.projections[p];
+        const auto* h = proj.find(ev.type);
+        if (h == nullptr) continue;
+        auto& out = parts.emplace_back();
+        out.projection = p;
+        out.handler = h;
+        auto fail = [&](reason why, const std::string& what) {
+            out.failed = why;
+            out.detail = describe(ev) + ", projection '" + proj.name() + "'" + what;
+        };
+        try {
+            out.decoded = h->decode(ev.data);
+        } catch (const std::exception& e) {
+            fail(reason::decode_failed, ": data does not decode as " + ev.type + ": " + e.what());
+            continue;
+        }
+        try {
+            proj.keys(*h, out.decoded.get(), m, out.keys);
+            out.effect = proj.effect_key(*h, out.decoded.get(), m);
+        } catch (const std::exception& e) {
+            fail(reason::handler_failed, std::string(": key function threw: ") + e.what());
+            continue;
+        }
+        if (out.keys.empty()) {
+            fail(reason::missing_key, ": no aggregate key (the event has no subject)");
+            continue;
+        }
+        if (out.effect && out.effect->empty()) {
+            fail(reason::missing_key, ": the effect key is empty");
+            continue;
+        }
+        std::sort(out.keys.begin(), out.keys.end());
+        out.keys.erase(std::unique(out.keys.begin(), out.keys.end()), out.keys.end());
+        if (out.keys.front().empty()) fail(reason::missing_key, ": an aggregate key is empty");
+    }
+}
+
+void prepare_item(const store::impl& s, const delivery& d, prepared_batch::item& out, envelope_parser& parser) {
+    out.body = d.body;
+    out.transport_id = d.message_id;
+    const auto limit = s.options.max_event_bytes;
+    if (limit != 0 && d.body.size() > limit) {
+        out.err = {reason::too_large, "the envelope has " + std::to_string(d.body.size()) +
+                                          " bytes, over the limit of " + std::to_string(limit)};
+        return;
+    }
+    if (parser.parse(out.body, out.ev, out.err)) prepare_parts(s, out.ev, out.parts);
+}
+
+}  // namespace
+
 namespace {
 
 // The state of one batch while it is being applied; written out at the end, in key order.
@@ -162,7 +246,7 @@ public:
         parked_possible_ = c.first().has_value();
     }
 
-    outcome deliver(const delivery& d);
+    outcome deliver(const prepared_batch::item& d);
     void finish(const std::optional<checkpoint>& at, std::uint64_t commit);
     /// Bulk builds: writes what the batch holds so far (ids, effect keys, dead letters) into the
     /// transaction, and the rows too when they exceed budget bytes (then forgets them).
@@ -184,8 +268,10 @@ private:
         bool own_stream;
     };
 
-    outcome process(const envelope& ev, std::string_view message_id, std::string_view body);
-    outcome apply_projections(const envelope& ev, std::string_view message_id, std::string_view body);
+    outcome process(const envelope& ev, std::string_view message_id, std::string_view body,
+                    const std::vector<part>& parts);
+    outcome apply_projections(const envelope& ev, std::string_view message_id, std::string_view body,
+                              const std::vector<part>* parts);
     void release_parked(const std::string& subject);
     outcome dead(reason why, std::string detail, std::string_view message_id, std::string_view body);
     row_slot& load_row(std::size_t p, const std::string& key);
@@ -221,36 +307,31 @@ outcome batch_run::dead(reason why, std::string detail, std::string_view message
     return outcome{outcome_kind::dead_lettered, why, std::move(detail), 0};
 }
 
-outcome batch_run::deliver(const delivery& d) {
-    envelope ev;
-    parse_error err;
-    const auto limit = s_.options.max_event_bytes;
-    if (limit != 0 && d.body.size() > limit) {
-        err = {reason::too_large, "the envelope has " + std::to_string(d.body.size()) + " bytes, over the limit of " +
-                                      std::to_string(limit)};
-    }
-    if (err.why != reason::none || !s_.parser.parse(d.body, ev, err)) {
+outcome batch_run::deliver(const prepared_batch::item& d) {
+    if (d.err.why != reason::none) {
         // Without a valid envelope only a transport id can identify a redelivery.
         std::string message_id;
-        if (!d.message_id.empty()) {
-            message_id = transport_message_id(d.message_id);
+        if (!d.transport_id.empty()) {
+            message_id = transport_message_id(d.transport_id);
             if (!s_.ids->stage_if_new(txn_, message_id, time_ns_)) {
                 return outcome{outcome_kind::duplicate_message, reason::none, "message already processed", 0};
             }
         }
-        return dead(err.why, "malformed event: " + err.detail, message_id, d.body);
+        return dead(d.err.why, "malformed event: " + d.err.detail, message_id, d.body);
     }
-    std::string message_id = d.message_id.empty() ? ev.message_id() : transport_message_id(d.message_id);
+    const auto& ev = d.ev;
+    std::string message_id = d.transport_id.empty() ? ev.message_id() : transport_message_id(d.transport_id);
     if (!s_.ids->stage_if_new(txn_, message_id, time_ns_)) {
         return outcome{outcome_kind::duplicate_message, reason::none,
                        describe(ev) + ": message '" + truncate(message_id.substr(1)) + "' already processed", 0};
     }
-    return process(ev, message_id, d.body);
+    return process(ev, message_id, d.body, d.parts);
 }
 
-outcome batch_run::process(const envelope& ev, std::string_view message_id, std::string_view body) {
+outcome batch_run::process(const envelope& ev, std::string_view message_id, std::string_view body,
+                           const std::vector<part>& parts) {
     if (!ev.sequence) {
-        return apply_projections(ev, message_id, body);
+        return apply_projections(ev, message_id, body, &parts);
     }
     auto seq = *ev.sequence;
     if (parked_key(ev.subject, seq).size() > txn_.env().max_key_size()) {
@@ -302,7 +383,7 @@ outcome batch_run::process(const envelope& ev, std::string_view message_id, std:
     }
     // A dead-lettered event still moves its stream on: it is kept for the operator, and
     // holding every later event of the stream behind it would stall the aggregate.
-    auto result = apply_projections(ev, message_id, body);
+    auto result = apply_projections(ev, message_id, body, &parts);
     streams_[ev.subject] = stream_state{std::max(highest, seq), true};
     release_parked(ev.subject);
     return result;
@@ -323,7 +404,7 @@ void batch_run::release_parked(const std::string& subject) {
         if (!s_.parser.parse(rest, ev, err)) {
             throw_error(errc::corrupt_record, "parked event of '" + subject + "' no longer parses: " + err.detail);
         }
-        auto result = apply_projections(ev, message_id, rest);
+        auto result = apply_projections(ev, message_id, rest, nullptr);
         ++stats.released;
         streams_[subject] = stream_state{highest + 1, true};
         if (result.kind == outcome_kind::dead_lettered) {
@@ -332,54 +413,30 @@ void batch_run::release_parked(const std::string& subject) {
     }
 }
 
-outcome batch_run::apply_projections(const envelope& ev, std::string_view message_id, std::string_view body) {
+outcome batch_run::apply_projections(const envelope& ev, std::string_view message_id, std::string_view body,
+                                     const std::vector<part>* parts) {
+    std::vector<part> local;
+    if (parts == nullptr) {  // a released parked event: prepared here, on the writer
+        prepare_parts(s_, ev, local);
+        parts = &local;
+    }
     meta m{ev.id, ev.source, ev.type, ev.subject, ev.sequence, ev.time, {}};
     std::vector<staged_change> staged;
-    std::vector<std::string> keys;
-    bool handled = false;
+    const bool handled = !parts->empty();
     const std::string event_id = ev.event_id();
     const auto limit = txn_.env().max_key_size();
 
-    for (std::size_t p = 0; p < s_.projections.size(); ++p) {
+    for (const auto& pt : *parts) {
+        if (pt.failed != reason::none) return dead(pt.failed, pt.detail, message_id, body);
+        const auto p = pt.projection;
         const auto& proj = *s_.projections[p];
-        const auto* h = proj.find(ev.type);
-        if (h == nullptr) continue;
-        handled = true;
-        auto where = [&] { return describe(ev) + ", projection '" + proj.name() + "'"; };
-
-        std::shared_ptr<const void> decoded;
-        try {
-            decoded = h->decode(ev.data);
-        } catch (const std::exception& e) {
-            return dead(reason::decode_failed, where() + ": data does not decode as " + ev.type + ": " + e.what(),
-                        message_id, body);
-        }
-        std::optional<std::string> effect;
-        keys.clear();
-        try {
-            proj.keys(*h, decoded.get(), m, keys);
-            effect = proj.effect_key(*h, decoded.get(), m);
-        } catch (const std::exception& e) {
-            return dead(reason::handler_failed, where() + ": key function threw: " + e.what(), message_id, body);
-        }
-        if (keys.empty()) {
-            return dead(reason::missing_key, where() + ": no aggregate key (the event has no subject)", message_id,
-                        body);
-        }
-        if (effect && effect->empty()) {
-            return dead(reason::missing_key, where() + ": the effect key is empty", message_id, body);
-        }
-        std::sort(keys.begin(), keys.end());
-        keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
-        for (const auto& key : keys) {
-            if (key.empty()) {
-                return dead(reason::missing_key, where() + ": an aggregate key is empty", message_id, body);
-            }
+        const auto& effect = pt.effect;
+        for (const auto& key : pt.keys) {
             auto contributor = codec::contributor_key(key, effect ? *effect : event_id);
             if (contributor.size() > limit) {
                 return dead(reason::key_too_long,
-                            where() + ": row key '" + truncate(key) + "' (" + std::to_string(key.size()) +
-                                " bytes) with its effect key (" +
+                            describe(ev) + ", projection '" + proj.name() + "': row key '" + truncate(key) + "' (" +
+                                std::to_string(key.size()) + " bytes) with its effect key (" +
                                 std::to_string(effect ? effect->size() : event_id.size()) +
                                 " bytes) exceeds LMDB's " + std::to_string(limit) + "-byte key limit",
                             message_id, body);
@@ -391,9 +448,11 @@ outcome batch_run::apply_projections(const envelope& ev, std::string_view messag
             auto copy = slot.state->clone();
             m.key = key;
             try {
-                h->apply(*copy, decoded.get(), m);
+                pt.handler->apply(*copy, pt.decoded.get(), m);
             } catch (const std::exception& e) {
-                return dead(reason::handler_failed, where() + ", row '" + truncate(key) + "': handler threw: " + e.what(),
+                return dead(reason::handler_failed,
+                            describe(ev) + ", projection '" + proj.name() + "', row '" + truncate(key) +
+                                "': handler threw: " + e.what(),
                             message_id, body);
             }
             staged.push_back(staged_change{p, &slot, std::move(copy), std::move(contributor), own_stream});
@@ -548,7 +607,8 @@ void batch_run::finish(const std::optional<checkpoint>& at, std::uint64_t commit
 
 }  // namespace
 
-std::vector<outcome> store::impl::run(std::span<const delivery> batch, const std::optional<checkpoint>& at) {
+std::vector<outcome> store::impl::run(const prepared_batch& prepared, const std::optional<checkpoint>& at) {
+    const auto& batch = prepared.items_;
     write_txn txn{*env};
     ids->catch_up(txn);
     for (auto& c : contributors) c->catch_up(txn);
@@ -572,7 +632,8 @@ std::vector<outcome> store::impl::run(std::span<const delivery> batch, const std
     return outcomes;
 }
 
-std::vector<outcome> store::impl::run_bulk(std::span<const delivery> batch, const std::optional<checkpoint>& at) {
+std::vector<outcome> store::impl::run_bulk(const prepared_batch& prepared, const std::optional<checkpoint>& at) {
+    const auto& batch = prepared.items_;
     std::vector<outcome> outcomes;
     outcomes.reserve(batch.size());
     for (const auto& d : batch) {
@@ -689,7 +750,19 @@ store& store::add_projection(std::unique_ptr<projection_base> p) {
     return *this;
 }
 
+prepared_batch store::prepare(std::span<const delivery> batch) const {
+    thread_local envelope_parser parser;
+    prepared_batch out;
+    out.items_.resize(batch.size());
+    for (std::size_t i = 0; i < batch.size(); ++i) prepare_item(*impl_, batch[i], out.items_[i], parser);
+    return out;
+}
+
 std::vector<outcome> store::apply(std::span<const delivery> batch, const std::optional<checkpoint>& at) {
+    return apply(prepare(batch), at);
+}
+
+std::vector<outcome> store::apply(const prepared_batch& batch, const std::optional<checkpoint>& at) {
     if (impl_->bulk) {
         try {
             return impl_->run_bulk(batch, at);

@@ -106,6 +106,24 @@ struct store_options {
 
 class snapshot;
 
+/// Deliveries parsed and decoded ahead of the writer by store::prepare(), for store::apply().
+class prepared_batch {
+public:
+    prepared_batch();
+    ~prepared_batch();
+    prepared_batch(prepared_batch&&) noexcept;
+    prepared_batch& operator=(prepared_batch&&) noexcept;
+
+    /// Returns the number of deliveries.
+    std::size_t size() const noexcept;
+
+    struct item;  ///< opaque: one delivery, parsed, its payload decoded per projection
+
+private:
+    friend class store;
+    std::vector<item> items_;
+};
+
 /// One consumer's projections over an LMDB environment, applied synchronously.
 ///
 /// Thread safety: apply() must not be called concurrently (one writer); snapshots may be
@@ -131,6 +149,14 @@ public:
     std::vector<outcome> apply(std::span<const delivery> batch, const std::optional<checkpoint>& at = std::nullopt);
     /// Applies a single delivery (a batch of one).
     outcome apply(const delivery& d);
+
+    /// Does the writer-independent half of apply() ahead of it: envelope parsing, the size
+    /// limit, payload decoding, key and effect-key functions. Thread-safe (const): other
+    /// threads may prepare batches while the writer applies, so key and effect functions
+    /// must be safe to call concurrently. apply(span) is apply(prepare(span)).
+    prepared_batch prepare(std::span<const delivery> batch) const;
+    /// Applies a prepared batch in one transaction (as apply(span)).
+    std::vector<outcome> apply(const prepared_batch& batch, const std::optional<checkpoint>& at = std::nullopt);
 
     /// Starts a bulk build, for offline rebuilds into a fresh environment: every apply() until
     /// end_bulk() runs in ONE write transaction, with the same rules and outcomes, and rows stay
