@@ -6,6 +6,10 @@
 #include <stdio.h>
 #include <unistd.h>
 
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <mutex>
 #include <span>
 #include <thread>
 
@@ -30,7 +34,10 @@ std::uint64_t file_size_or_zero(const std::filesystem::path& p) {
     return ec ? 0 : n;
 }
 
-/// Reads the logs in order and applies them in batches, each with its log position as checkpoint.
+/// Reads the logs in order and applies them in batches, each with its log position as
+/// checkpoint. Two stages on two threads: a reader thread reads records and prepares each
+/// batch (store::prepare: parsing, decoding, key functions), the calling thread applies the
+/// prepared batches in order; at most two prepared batches wait between them.
 class log_run {
 public:
     log_run(store& s, const log_run_options& o) : store_(s), options_(o) {
@@ -40,30 +47,63 @@ public:
 
     log_run_result run(bool resume, bool follow, std::chrono::milliseconds poll, const std::atomic<bool>* stop) {
         poll_ = poll;
+        stop_ = stop;
         auto started = clock::now();
-        for (std::size_t i = 0; i < options_.logs.size(); ++i) {
-            const auto& path = options_.logs[i];
-            const bool tail = follow && i + 1 == options_.logs.size();
-            read_log(path, resume, tail, stop);
-            if (stop != nullptr && stop->load()) break;
+        std::thread reader([&] {
+            try {
+                for (std::size_t i = 0; i < options_.logs.size() && !stopping(); ++i) {
+                    read_log(options_.logs[i], resume, follow && i + 1 == options_.logs.size());
+                }
+            } catch (...) {
+                std::lock_guard lock{mutex_};
+                failure_ = std::current_exception();
+            }
+            std::lock_guard lock{mutex_};
+            reading_done_ = true;
+            changed_.notify_all();
+        });
+        try {
+            apply_loop();
+        } catch (...) {
+            {
+                std::lock_guard lock{mutex_};
+                abandoned_ = true;
+                queue_.clear();
+                changed_.notify_all();
+            }
+            reader.join();
+            throw;
         }
+        reader.join();
+        if (failure_) std::rethrow_exception(failure_);
         result_.elapsed = clock::now() - started;
         return std::move(result_);
     }
 
 private:
-    void read_log(const std::filesystem::path& path, bool resume, bool follow, const std::atomic<bool>* stop) {
+    struct pending {
+        prepared_batch batch;
+        checkpoint at;
+        std::uint64_t records = 0;  // records read so far, including this batch
+        std::uint64_t bytes = 0;    // bytes read so far, including this batch
+    };
+
+    bool stopping() const { return stop_ != nullptr && stop_->load(); }
+
+    // --- the reader thread ------------------------------------------------------------
+
+    void read_log(const std::filesystem::path& path, bool resume, bool follow) {
         const std::string source = log_source(path);
         log_reader_options ro;
         ro.skip_bad = options_.skip_bad;
         ro.follow = follow;
-        if (resume) ro.start = store_.read().checkpoint(store_.options().consumer, source).value_or(0);
+        if (resume) ro.start = snapshot{store_.env()}.checkpoint(store_.options().consumer, source).value_or(0);
         log_reader reader{path, ro};
         if (options_.format && reader.format() != *options_.format) {
             throw_error(errc::invalid_argument, path.string() + ": is a " + std::string(to_string(reader.format())) +
                                                     " log, not " + std::string(to_string(*options_.format)));
         }
-        const std::uint64_t base = progress_.bytes;
+        const std::uint64_t base = bytes_read_;
         const std::uint64_t started_at = reader.position();
         log_record record;
         for (;;) {
@@ -71,28 +111,55 @@ private:
                 auto& d = batch_[used_++];
                 d.body.assign(record.body);
                 d.message_id.clear();
-                ++result_.records;
-                ++progress_.records;
+                ++records_read_;
                 if (used_ == batch_.size()) {
-                    flush(source, reader.position());
-                    progress_.bytes = base + (reader.position() - started_at);
-                    report();
+                    bytes_read_ = base + (reader.position() - started_at);
+                    if (!hand_over(source, reader.position())) return;
                 }
             }
-            flush(source, reader.position());
-            progress_.bytes = base + (reader.position() - started_at);
-            report();
-            if (!follow || (stop != nullptr && stop->load())) break;
+            bytes_read_ = base + (reader.position() - started_at);
+            if (!hand_over(source, reader.position())) return;
+            if (!follow || stopping()) break;
             std::this_thread::sleep_for(poll_);
         }
+        std::lock_guard lock{mutex_};
         result_.skipped += reader.skipped();
         if (auto torn = reader.torn_tail()) result_.torn.push_back({path, *torn, reader.torn_detail()});
     }
 
-    void flush(const std::string& source, std::uint64_t position) {
-        if (used_ == 0) return;
-        store_.apply(std::span<const delivery>(batch_.data(), used_), checkpoint{source, position});
+    /// Prepares the records read so far and queues them; false if the run was abandoned.
+    bool hand_over(const std::string& source, std::uint64_t position) {
+        if (used_ == 0) return true;
+        pending p{store_.prepare(std::span<const delivery>(batch_.data(), used_)), checkpoint{source, position},
+                  records_read_, bytes_read_};
         used_ = 0;
+        std::unique_lock lock{mutex_};
+        changed_.wait(lock, [&] { return queue_.size() < 2 || abandoned_; });
+        if (abandoned_) return false;
+        queue_.push_back(std::move(p));
+        changed_.notify_all();
+        return true;
+    }
+
+    // --- the applying thread ----------------------------------------------------------
+
+    void apply_loop() {
+        for (;;) {
+            pending p;
+            {
+                std::unique_lock lock{mutex_};
+                changed_.wait(lock, [&] { return !queue_.empty() || reading_done_; });
+                if (queue_.empty()) return;
+                p = std::move(queue_.front());
+                queue_.pop_front();
+                changed_.notify_all();
+            }
+            store_.apply(p.batch, p.at);
+            result_.records = p.records;
+            progress_.records = p.records;
+            progress_.bytes = p.bytes;
+            report();
+        }
     }
 
     void report() {
@@ -103,12 +170,27 @@ private:
 
     store& store_;
     const log_run_options& options_;
+    const std::atomic<bool>* stop_ = nullptr;
+    std::chrono::milliseconds poll_{100};
+    clock::time_point started_ = clock::now();
+
+    // Reader thread only.
     std::vector<delivery> batch_;
     std::size_t used_ = 0;
+    std::uint64_t records_read_ = 0;
+    std::uint64_t bytes_read_ = 0;
+
+    // Shared, under mutex_.
+    std::mutex mutex_;
+    std::condition_variable changed_;
+    std::deque<pending> queue_;
+    bool reading_done_ = false;
+    bool abandoned_ = false;
+    std::exception_ptr failure_;
+
+    // Applying thread (and the reader's skipped/torn under mutex_; read after join).
     log_progress progress_;
     log_run_result result_;
-    clock::time_point started_ = clock::now();
-    std::chrono::milliseconds poll_{100};
 };
 
 }  // namespace
