@@ -130,8 +130,18 @@ private:
     /// Prepares the records read so far and queues them; false if the run was abandoned.
     bool hand_over(const std::string& source, std::uint64_t position) {
         if (used_ == 0) return true;
-        pending p{store_.prepare(std::span<const delivery>(batch_.data(), used_)), checkpoint{source, position},
-                  records_read_, bytes_read_};
+        pending p;
+        {
+            std::lock_guard lock{mutex_};
+            if (!recycled_.empty()) {
+                p.batch = std::move(recycled_.back());
+                recycled_.pop_back();
+            }
+        }
+        store_.prepare(std::span<const delivery>(batch_.data(), used_), p.batch);
+        p.at = checkpoint{source, position};
+        p.records = records_read_;
+        p.bytes = bytes_read_;
         used_ = 0;
         std::unique_lock lock{mutex_};
         changed_.wait(lock, [&] { return queue_.size() < 2 || abandoned_; });
@@ -155,6 +165,10 @@ private:
                 changed_.notify_all();
             }
             store_.apply(p.batch, p.at);
+            {
+                std::lock_guard lock{mutex_};
+                recycled_.push_back(std::move(p.batch));  // its strings' capacity serves the next batch
+            }
             result_.records = p.records;
             progress_.records = p.records;
             progress_.bytes = p.bytes;
@@ -184,6 +198,7 @@ private:
     std::mutex mutex_;
     std::condition_variable changed_;
     std::deque<pending> queue_;
+    std::vector<prepared_batch> recycled_;
     bool reading_done_ = false;
     bool abandoned_ = false;
     std::exception_ptr failure_;

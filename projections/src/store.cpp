@@ -182,15 +182,21 @@ using part = prepared_batch::item::part;
 
 /// Decodes the event for every projection handling its type and runs the key functions.
 void prepare_parts(const store::impl& s, const envelope& ev, std::vector<part>& parts) {
-    parts.clear();
     meta m{ev.id, ev.source, ev.type, ev.subject, ev.sequence, ev.time, {}};
+    std::size_t used = 0;  // parts are reused (with their strings' capacity) when a batch is recycled
     for (std::size_t p = 0; p < s.projections.size(); ++p) {
         const auto& proj = *s.projections[p];
         const auto* h = proj.find(ev.type);
         if (h == nullptr) continue;
-        auto& out = parts.emplace_back();
+        if (used == parts.size()) parts.emplace_back();
+        auto& out = parts[used++];
         out.projection = p;
         out.handler = h;
+        out.decoded.reset();
+        out.keys.clear();
+        out.effect.reset();
+        out.failed = reason::none;
+        out.detail.clear();
         auto fail = [&](reason why, const std::string& what) {
             out.failed = why;
             out.detail = describe(ev) + ", projection '" + proj.name() + "'" + what;
@@ -220,18 +226,24 @@ void prepare_parts(const store::impl& s, const envelope& ev, std::vector<part>& 
         out.keys.erase(std::unique(out.keys.begin(), out.keys.end()), out.keys.end());
         if (out.keys.front().empty()) fail(reason::missing_key, ": an aggregate key is empty");
     }
+    parts.resize(used);
 }
 
 void prepare_item(const store::impl& s, const delivery& d, prepared_batch::item& out, envelope_parser& parser) {
-    out.body = d.body;
-    out.transport_id = d.message_id;
+    out.body.assign(d.body);
+    out.transport_id.assign(d.message_id);
     const auto limit = s.options.max_event_bytes;
     if (limit != 0 && d.body.size() > limit) {
         out.err = {reason::too_large, "the envelope has " + std::to_string(d.body.size()) +
                                           " bytes, over the limit of " + std::to_string(limit)};
+        out.parts.clear();
         return;
     }
-    if (parser.parse(out.body, out.ev, out.err)) prepare_parts(s, out.ev, out.parts);
+    if (parser.parse(out.body, out.ev, out.err)) {
+        prepare_parts(s, out.ev, out.parts);
+    } else {
+        out.parts.clear();
+    }
 }
 
 }  // namespace
@@ -751,11 +763,15 @@ store& store::add_projection(std::unique_ptr<projection_base> p) {
 }
 
 prepared_batch store::prepare(std::span<const delivery> batch) const {
-    thread_local envelope_parser parser;
     prepared_batch out;
-    out.items_.resize(batch.size());
-    for (std::size_t i = 0; i < batch.size(); ++i) prepare_item(*impl_, batch[i], out.items_[i], parser);
+    prepare(batch, out);
     return out;
+}
+
+void store::prepare(std::span<const delivery> batch, prepared_batch& into) const {
+    thread_local envelope_parser parser;
+    into.items_.resize(batch.size());
+    for (std::size_t i = 0; i < batch.size(); ++i) prepare_item(*impl_, batch[i], into.items_[i], parser);
 }
 
 std::vector<outcome> store::apply(std::span<const delivery> batch, const std::optional<checkpoint>& at) {

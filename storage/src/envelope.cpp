@@ -172,8 +172,17 @@ bool read_sequence(simdjson::ondemand::value value, std::optional<std::uint64_t>
 }  // namespace
 
 bool envelope_parser::parse(std::string_view text, envelope& out, parse_error& err) {
-    out = envelope{};
-    err = parse_error{};
+    // Reset field by field: a reused envelope keeps its strings' capacity.
+    out.id.clear();
+    out.source.clear();
+    out.type.clear();
+    out.subject.clear();
+    out.sequence.reset();
+    out.time.clear();
+    out.msgid.clear();
+    out.data.assign("null");
+    err.why = reason::none;
+    err.detail.clear();
     auto& buf = impl_->buffer;
     buf.assign(text);
     buf.append(simdjson::SIMDJSON_PADDING, '\0');

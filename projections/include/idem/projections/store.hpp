@@ -155,6 +155,8 @@ public:
     /// threads may prepare batches while the writer applies, so key and effect functions
     /// must be safe to call concurrently. apply(span) is apply(prepare(span)).
     prepared_batch prepare(std::span<const delivery> batch) const;
+    /// The same into an existing prepared_batch, reusing its memory (a reader thread recycling batches).
+    void prepare(std::span<const delivery> batch, prepared_batch& into) const;
     /// Applies a prepared batch in one transaction (as apply(span)).
     std::vector<outcome> apply(const prepared_batch& batch, const std::optional<checkpoint>& at = std::nullopt);
 
