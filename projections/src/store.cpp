@@ -288,7 +288,11 @@ private:
     outcome dead(reason why, std::string detail, std::string_view message_id, std::string_view body);
     row_slot& load_row(std::size_t p, const std::string& key);
     bool has_contributor(std::size_t p, const std::string& contributor_key) const;
-    std::uint64_t stream_highest(const std::string& subject);
+    struct stream_state {
+        std::uint64_t highest = 0;
+        bool dirty = false;
+    };
+    stream_state& stream(const std::string& subject);
     std::optional<std::string> parked_value(const std::string& key) const;
     void write_rows();
     void write_dead_letters();
@@ -303,10 +307,6 @@ private:
     write_txn& txn_;
     std::uint64_t time_ns_ = now_ns();
     std::unordered_map<std::pair<std::size_t, std::string>, row_slot, row_id_hash> rows_;
-    struct stream_state {
-        std::uint64_t highest = 0;
-        bool dirty = false;
-    };
     std::unordered_map<std::string, stream_state> streams_;
     bool parked_possible_ = false;  // the parked table or this batch holds an event: release_parked must look
     std::map<std::string, std::optional<std::string>> parked_;  // nullopt: deleted in this batch
@@ -346,13 +346,16 @@ outcome batch_run::process(const envelope& ev, std::string_view message_id, std:
         return apply_projections(ev, message_id, body, &parts);
     }
     auto seq = *ev.sequence;
-    if (parked_key(ev.subject, seq).size() > txn_.env().max_key_size()) {
+    // The parked key escapes the subject (at most doubling it) and appends 10 bytes: measure only when it may not fit.
+    if (2 * ev.subject.size() + 10 > txn_.env().max_key_size() &&
+        parked_key(ev.subject, seq).size() > txn_.env().max_key_size()) {
         return dead(reason::key_too_long,
                     describe(ev) + ": subject of " + std::to_string(ev.subject.size()) +
                         " bytes is too long to track its stream (limit ~500 bytes)",
                     message_id, body);
     }
-    auto highest = stream_highest(ev.subject);
+    auto& st = stream(ev.subject);  // a reference into a node-based map: stable while the batch runs
+    const auto highest = st.highest;
     if (seq <= highest) {
         return outcome{outcome_kind::duplicate_event, reason::none,
                        describe(ev) + ": sequence " + std::to_string(seq) + " of '" + truncate(ev.subject) +
@@ -396,7 +399,7 @@ outcome batch_run::process(const envelope& ev, std::string_view message_id, std:
     // A dead-lettered event still moves its stream on: it is kept for the operator, and
     // holding every later event of the stream behind it would stall the aggregate.
     auto result = apply_projections(ev, message_id, body, &parts);
-    streams_[ev.subject] = stream_state{std::max(highest, seq), true};
+    st = stream_state{std::max(highest, seq), true};
     release_parked(ev.subject);
     return result;
 }
@@ -404,7 +407,8 @@ outcome batch_run::process(const envelope& ev, std::string_view message_id, std:
 void batch_run::release_parked(const std::string& subject) {
     if (s_.options.gaps != gap_policy::park || !parked_possible_) return;
     for (;;) {
-        auto highest = stream_highest(subject);
+        auto& st = stream(subject);
+        const auto highest = st.highest;
         auto key = parked_key(subject, highest + 1);
         auto value = parked_value(key);
         if (!value) return;
@@ -418,7 +422,7 @@ void batch_run::release_parked(const std::string& subject) {
         }
         auto result = apply_projections(ev, message_id, rest, nullptr);
         ++stats.released;
-        streams_[subject] = stream_state{highest + 1, true};
+        st = stream_state{highest + 1, true};
         if (result.kind == outcome_kind::dead_lettered) {
             ++stats.outcomes[static_cast<std::size_t>(outcome_kind::dead_lettered)];
         }
@@ -513,12 +517,12 @@ bool batch_run::has_contributor(std::size_t p, const std::string& contributor_ke
     return s_.contributors[p]->contains(txn_, contributor_key);
 }
 
-std::uint64_t batch_run::stream_highest(const std::string& subject) {
-    if (auto it = streams_.find(subject); it != streams_.end()) return it->second.highest;
-    std::uint64_t highest = 0;
-    if (auto v = txn_.get(s_.streams, subject); v && v->size() >= 8) highest = codec::get_u64_le(*v);
-    streams_.emplace(subject, stream_state{highest, false});
-    return highest;
+batch_run::stream_state& batch_run::stream(const std::string& subject) {
+    auto [it, inserted] = streams_.try_emplace(subject);
+    if (inserted) {
+        if (auto v = txn_.get(s_.streams, subject); v && v->size() >= 8) it->second.highest = codec::get_u64_le(*v);
+    }
+    return it->second;
 }
 
 std::optional<std::string> batch_run::parked_value(const std::string& key) const {

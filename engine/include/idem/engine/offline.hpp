@@ -66,7 +66,7 @@ struct log_run_result {
 
 /// Options of an offline rebuild.
 struct rebuild_options : log_run_options {
-    rebuild_options() { batch = 50'000; }
+    rebuild_options() { batch = 10'000; }
     /// Rows are aggregated in memory up to about this many bytes, then written in key order.
     std::size_t memory_budget = std::size_t{1} << 30;
 };
