@@ -158,13 +158,15 @@ struct prepared_batch::item {
         std::size_t projection = 0;
         const projection_base::handler* handler = nullptr;
         std::shared_ptr<const void> decoded;
-        std::vector<std::string> keys;  // sorted, unique, non-empty
+        std::vector<std::string> keys;          // sorted, unique, non-empty
+        std::vector<std::string> contributors;  // per key: the contributing-set entry (row + effect key)
         std::optional<std::string> effect;
         reason failed = reason::none;  // decode_failed, handler_failed (a key function), missing_key
         std::string detail;
     };
     std::string body;
     std::string transport_id;
+    std::string message_id;  // the inbox key (set when the envelope parsed)
     parse_error err;  // err.why != none: the envelope is rejected as a whole
     envelope ev;
     std::vector<part> parts;  // per projection handling ev.type, in the order projections were added
@@ -183,6 +185,7 @@ using part = prepared_batch::item::part;
 /// Decodes the event for every projection handling its type and runs the key functions.
 void prepare_parts(const store::impl& s, const envelope& ev, std::vector<part>& parts) {
     meta m{ev.id, ev.source, ev.type, ev.subject, ev.sequence, ev.time, {}};
+    std::string event_id;  // the default effect key, built when a projection needs it
     std::size_t used = 0;  // parts are reused (with their strings' capacity) when a batch is recycled
     for (std::size_t p = 0; p < s.projections.size(); ++p) {
         const auto& proj = *s.projections[p];
@@ -224,7 +227,15 @@ void prepare_parts(const store::impl& s, const envelope& ev, std::vector<part>& 
         }
         std::sort(out.keys.begin(), out.keys.end());
         out.keys.erase(std::unique(out.keys.begin(), out.keys.end()), out.keys.end());
-        if (out.keys.front().empty()) fail(reason::missing_key, ": an aggregate key is empty");
+        if (out.keys.front().empty()) {
+            fail(reason::missing_key, ": an aggregate key is empty");
+            continue;
+        }
+        if (!out.effect && event_id.empty()) event_id = ev.event_id();
+        out.contributors.resize(out.keys.size());
+        for (std::size_t k = 0; k < out.keys.size(); ++k) {
+            out.contributors[k] = codec::contributor_key(out.keys[k], out.effect ? *out.effect : event_id);
+        }
     }
     parts.resize(used);
 }
@@ -240,6 +251,7 @@ void prepare_item(const store::impl& s, const delivery& d, prepared_batch::item&
         return;
     }
     if (parser.parse(out.body, out.ev, out.err)) {
+        out.message_id = out.transport_id.empty() ? out.ev.message_id() : transport_message_id(out.transport_id);
         prepare_parts(s, out.ev, out.parts);
     } else {
         out.parts.clear();
@@ -276,7 +288,7 @@ private:
         std::size_t projection;
         row_slot* slot;
         std::unique_ptr<detail::state_box> state;
-        std::string contributor;
+        const std::string* contributor;
         bool own_stream;
     };
 
@@ -332,7 +344,7 @@ outcome batch_run::deliver(const prepared_batch::item& d) {
         return dead(d.err.why, "malformed event: " + d.err.detail, message_id, d.body);
     }
     const auto& ev = d.ev;
-    std::string message_id = d.transport_id.empty() ? ev.message_id() : transport_message_id(d.transport_id);
+    const auto& message_id = d.message_id;
     if (!s_.ids->stage_if_new(txn_, message_id, time_ns_)) {
         return outcome{outcome_kind::duplicate_message, reason::none,
                        describe(ev) + ": message '" + truncate(message_id.substr(1)) + "' already processed", 0};
@@ -439,7 +451,6 @@ outcome batch_run::apply_projections(const envelope& ev, std::string_view messag
     meta m{ev.id, ev.source, ev.type, ev.subject, ev.sequence, ev.time, {}};
     std::vector<staged_change> staged;
     const bool handled = !parts->empty();
-    const std::string event_id = ev.event_id();
     const auto limit = txn_.env().max_key_size();
 
     for (const auto& pt : *parts) {
@@ -447,13 +458,14 @@ outcome batch_run::apply_projections(const envelope& ev, std::string_view messag
         const auto p = pt.projection;
         const auto& proj = *s_.projections[p];
         const auto& effect = pt.effect;
-        for (const auto& key : pt.keys) {
-            auto contributor = codec::contributor_key(key, effect ? *effect : event_id);
+        for (std::size_t k = 0; k < pt.keys.size(); ++k) {
+            const auto& key = pt.keys[k];
+            const auto& contributor = pt.contributors[k];
             if (contributor.size() > limit) {
                 return dead(reason::key_too_long,
                             describe(ev) + ", projection '" + proj.name() + "': row key '" + truncate(key) + "' (" +
                                 std::to_string(key.size()) + " bytes) with its effect key (" +
-                                std::to_string(effect ? effect->size() : event_id.size()) +
+                                std::to_string(effect ? effect->size() : ev.event_id().size()) +
                                 " bytes) exceeds LMDB's " + std::to_string(limit) + "-byte key limit",
                             message_id, body);
             }
@@ -471,7 +483,7 @@ outcome batch_run::apply_projections(const envelope& ev, std::string_view messag
                                 "': handler threw: " + e.what(),
                             message_id, body);
             }
-            staged.push_back(staged_change{p, &slot, std::move(copy), std::move(contributor), own_stream});
+            staged.push_back(staged_change{p, &slot, std::move(copy), &contributor, own_stream});
         }
     }
     if (!handled) {
@@ -491,7 +503,7 @@ outcome batch_run::apply_projections(const envelope& ev, std::string_view messag
         c.slot->header.applied += 1;
         if (c.own_stream) c.slot->header.highest_sequence = std::max(c.slot->header.highest_sequence, *ev.sequence);
         c.slot->dirty = true;
-        s_.contributors[c.projection]->stage(c.contributor, time_ns_);
+        s_.contributors[c.projection]->stage(*c.contributor, time_ns_);
     }
     return outcome{outcome_kind::applied, reason::none, {}, 0};
 }
