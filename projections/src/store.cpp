@@ -4,6 +4,7 @@
 #include <idem/storage/id_log.hpp>
 
 #include <algorithm>
+#include <iterator>
 #include <chrono>
 #include <map>
 #include <unordered_map>
@@ -177,6 +178,15 @@ prepared_batch::~prepared_batch() = default;
 prepared_batch::prepared_batch(prepared_batch&&) noexcept = default;
 prepared_batch& prepared_batch::operator=(prepared_batch&&) noexcept = default;
 std::size_t prepared_batch::size() const noexcept { return items_.size(); }
+void prepared_batch::append(prepared_batch&& other) {
+    if (items_.empty()) {
+        items_.swap(other.items_);
+        return;
+    }
+    std::move(other.items_.begin(), other.items_.end(), std::back_inserter(items_));
+    other.items_.clear();
+}
+void prepared_batch::clear() noexcept { items_.clear(); }
 
 namespace {
 

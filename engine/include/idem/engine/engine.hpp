@@ -64,7 +64,10 @@ struct engine_stats {
 /// Applies deliveries asynchronously with group commit over a store.
 ///
 /// Thread safety: async_apply, async_flush, async_stop, read and stats may be called from
-/// any thread. add() must be called before the first submission.
+/// any thread. add() must be called before the first submission. async_apply parses the
+/// envelope, decodes its payload and runs the projections' key and effect-key functions on
+/// the calling thread (store::prepare) before queueing it: those functions must be safe to
+/// call concurrently; the handlers that change state run on the writer thread only.
 class engine {
 public:
     using executor_type = boost::asio::any_io_executor;

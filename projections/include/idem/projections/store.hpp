@@ -116,6 +116,10 @@ public:
 
     /// Returns the number of deliveries.
     std::size_t size() const noexcept;
+    /// Moves other's deliveries to the end of this batch (a writer gathering prepared submissions).
+    void append(prepared_batch&& other);
+    /// Empties the batch, keeping its memory.
+    void clear() noexcept;
 
     struct item;  ///< opaque: one delivery, parsed, its payload decoded per projection
 
