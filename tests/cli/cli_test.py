@@ -146,6 +146,35 @@ class rebuild_test(cli_case):
         v = run("verify", "--db", db, "--log", self.path("fills.jsonl"))
         self.assertTrue(json.loads(v.stdout)["match"])
 
+    def test_progress_bar_on_a_terminal_and_one_summary_line_otherwise(self):
+        import pty
+        self.gen("a.jsonl", events=30000, aggregates=1000)
+        master, slave = pty.openpty()
+        p = subprocess.Popen([IDEM, "rebuild", "--db", self.path("tty"), "--log", self.path("a.jsonl"), "--batch", "1000"],
+                             stdout=subprocess.DEVNULL, stderr=slave)
+        os.close(slave)
+        seen = b""
+        while True:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            seen += chunk
+        p.wait()
+        os.close(master)
+        self.assertEqual(p.returncode, 0)
+        text = seen.decode(errors="replace")
+        self.assertIn("\r", text)
+        self.assertIn("events/s", text)
+        self.assertIn("ETA", text)
+        self.assertIn("100%", text)
+        plain = run("rebuild", "--db", self.path("plain"), "--log", self.path("a.jsonl"), "--batch", "1000")
+        self.assertNotIn("\r", plain.stderr)
+        self.assertEqual(len(plain.stderr.strip().splitlines()), 1)
+        self.assertIn("events/s", plain.stderr)
+
     def test_every_domain_rebuilds_to_its_expectation(self):
         for domain in ("orders", "game"):
             expected = self.gen(domain + ".jsonl", domain=domain, malformed=0.005)
