@@ -98,11 +98,11 @@ public:
             value = read_bool();
         } else if constexpr (std::is_integral_v<T>) {
             // cereal writes long long and unsigned long long as strings where int64_t is long.
-            constexpr bool text_ok = (std::is_same_v<T, long long> || std::is_same_v<T, unsigned long long>) &&
-                                     !std::is_same_v<T, std::int64_t> && !std::is_same_v<T, std::uint64_t>;
+            constexpr bool fixed_width = std::is_same_v<T, std::int64_t> || std::is_same_v<T, std::uint64_t>;
+            constexpr bool long_long = std::is_same_v<T, long long> || std::is_same_v<T, unsigned long long>;
+            constexpr bool text_ok = long_long && !fixed_width;
             if constexpr (std::is_signed_v<T>) {
-                value = static_cast<T>(
-                    read_int(std::numeric_limits<T>::min(), std::numeric_limits<T>::max(), text_ok));
+                value = static_cast<T>(read_int(std::numeric_limits<T>::min(), std::numeric_limits<T>::max(), text_ok));
             } else {
                 value = static_cast<T>(read_uint(std::numeric_limits<T>::max(), text_ok));
             }
