@@ -9,8 +9,8 @@
 //       .key([](const line_added& e) { return e.order_id; });
 //
 // States are serialized with cereal's portable binary archive; events are decoded
-// from the envelope's `data` with cereal's JSON archive, by the same serialize()
-// function. Handlers must be pure functions of (state, event): they run on a copy of
+// from the envelope's `data` by the same serialize() function, through a cereal input
+// archive over simdjson (json_archive.hpp). Handlers must be pure functions of (state, event): they run on a copy of
 // the state and may run again if a batch is retried after the map grew.
 
 #include <idem/projections/json_archive.hpp>
