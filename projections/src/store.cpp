@@ -4,6 +4,7 @@
 #include <idem/storage/id_log.hpp>
 
 #include <algorithm>
+#include <deque>
 #include <iterator>
 #include <chrono>
 #include <map>
@@ -272,6 +273,58 @@ void prepare_item(const store::impl& s, const delivery& d, prepared_batch::item&
 
 namespace {
 
+/// Strings to V with one hash per lookup and references that stay valid as it grows: the
+/// entries live in a deque, an open-addressing array of their indices finds them.
+template <class V>
+class string_table {
+public:
+    struct entry {
+        std::string key;
+        std::uint64_t hash = 0;
+        V value{};
+    };
+
+    /// Returns the entry for key, inserting a default value if absent; and whether it was inserted.
+    std::pair<entry*, bool> try_emplace(std::string_view key) {
+        const auto hash = std::hash<std::string_view>{}(key);
+        if (!slots_.empty()) {
+            const std::size_t mask = slots_.size() - 1;
+            for (auto i = static_cast<std::size_t>(hash) & mask; slots_[i] != 0; i = (i + 1) & mask) {
+                auto& e = entries_[slots_[i] - 1];
+                if (e.hash == hash && e.key == key) return {&e, false};
+            }
+        }
+        if ((entries_.size() + 1) * 10 > slots_.size() * 7) grow();
+        const std::size_t mask = slots_.size() - 1;
+        auto i = static_cast<std::size_t>(hash) & mask;
+        while (slots_[i] != 0) i = (i + 1) & mask;
+        auto& e = entries_.emplace_back();
+        e.key.assign(key);
+        e.hash = hash;
+        slots_[i] = static_cast<std::uint32_t>(entries_.size());
+        return {&e, true};
+    }
+    void clear() {
+        entries_.clear();
+        slots_.clear();
+    }
+    std::deque<entry>& entries() noexcept { return entries_; }
+
+private:
+    void grow() {
+        slots_.assign(std::max<std::size_t>(64, slots_.size() * 2), 0);
+        const std::size_t mask = slots_.size() - 1;
+        for (std::size_t k = 0; k < entries_.size(); ++k) {
+            auto i = static_cast<std::size_t>(entries_[k].hash) & mask;
+            while (slots_[i] != 0) i = (i + 1) & mask;
+            slots_[i] = static_cast<std::uint32_t>(k + 1);
+        }
+    }
+
+    std::deque<entry> entries_;
+    std::vector<std::uint32_t> slots_;  // entry index + 1; 0 marks an empty slot
+};
+
 // The state of one batch while it is being applied; written out at the end, in key order.
 class batch_run {
 public:
@@ -319,17 +372,12 @@ private:
     void write_rows();
     void write_dead_letters();
 
-    struct row_id_hash {
-        std::size_t operator()(const std::pair<std::size_t, std::string>& id) const noexcept {
-            return std::hash<std::string>{}(id.second) ^ (id.first * 0x9E3779B97F4A7C15ull);
-        }
-    };
 
     store::impl& s_;
     write_txn& txn_;
     std::uint64_t time_ns_ = now_ns();
-    std::unordered_map<std::pair<std::size_t, std::string>, row_slot, row_id_hash> rows_;
-    std::unordered_map<std::string, stream_state> streams_;
+    std::deque<string_table<row_slot>> rows_;  // per projection: the rows this batch touched
+    string_table<stream_state> streams_;
     bool parked_possible_ = false;  // the parked table or this batch holds an event: release_parked must look
     std::map<std::string, std::optional<std::string>> parked_;  // nullopt: deleted in this batch
     std::vector<std::string> dead_letters_;
@@ -519,8 +567,9 @@ outcome batch_run::apply_projections(const envelope& ev, std::string_view messag
 }
 
 batch_run::row_slot& batch_run::load_row(std::size_t p, const std::string& key) {
-    auto [it, inserted] = rows_.try_emplace(std::pair{p, key});
-    auto& slot = it->second;
+    if (rows_.size() <= p) rows_.resize(s_.projections.size());
+    auto [entry, inserted] = rows_[p].try_emplace(key);
+    auto& slot = entry->value;
     if (!inserted) return slot;
     row_bytes_ += 2 * key.size() + 192;
     const auto& proj = *s_.projections[p];
@@ -540,11 +589,11 @@ bool batch_run::has_contributor(std::size_t p, const std::string& contributor_ke
 }
 
 batch_run::stream_state& batch_run::stream(const std::string& subject) {
-    auto [it, inserted] = streams_.try_emplace(subject);
+    auto [entry, inserted] = streams_.try_emplace(subject);
     if (inserted) {
-        if (auto v = txn_.get(s_.streams, subject); v && v->size() >= 8) it->second.highest = codec::get_u64_le(*v);
+        if (auto v = txn_.get(s_.streams, subject); v && v->size() >= 8) entry->value.highest = codec::get_u64_le(*v);
     }
-    return it->second;
+    return entry->value;
 }
 
 std::optional<std::string> batch_run::parked_value(const std::string& key) const {
@@ -557,8 +606,10 @@ void batch_run::write_rows() {
     std::string value;
     // Writing each table's keys in order walks its B-tree left to right once.
     std::vector<std::pair<std::pair<std::size_t, std::string>, row_slot*>> dirty;
-    for (auto& [id, slot] : rows_) {
-        if (slot.dirty) dirty.emplace_back(std::pair{id.first, codec::row_key(id.second)}, &slot);
+    for (std::size_t p = 0; p < rows_.size(); ++p) {
+        for (auto& e : rows_[p].entries()) {
+            if (e.value.dirty) dirty.emplace_back(std::pair{p, codec::row_key(e.key)}, &e.value);
+        }
     }
     std::sort(dirty.begin(), dirty.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
     std::string state;
@@ -603,7 +654,7 @@ void batch_run::spill(std::size_t budget) {
     write_dead_letters();
     if (row_bytes_ > budget) {
         write_rows();
-        rows_.clear();
+        for (auto& t : rows_) t.clear();
         row_bytes_ = 0;
     }
 }
@@ -615,8 +666,8 @@ void batch_run::finish(const std::optional<checkpoint>& at, std::uint64_t commit
     s_.ids->write(txn_);
     write_dead_letters();
     std::vector<std::pair<std::string_view, std::uint64_t>> dirty_streams;
-    for (const auto& [subject, st] : streams_) {
-        if (st.dirty) dirty_streams.emplace_back(subject, st.highest);
+    for (const auto& e : streams_.entries()) {
+        if (e.value.dirty) dirty_streams.emplace_back(e.key, e.value.highest);
     }
     std::sort(dirty_streams.begin(), dirty_streams.end());
     for (const auto& [subject, highest] : dirty_streams) {
