@@ -3,6 +3,7 @@
 #include <idem/storage/error.hpp>
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <unistd.h>
 
@@ -50,6 +51,7 @@ public:
         stop_ = stop;
         auto started = clock::now();
         std::thread reader([&] {
+            ::pthread_setname_np(::pthread_self(), "idem-log-reader");
             try {
                 for (std::size_t i = 0; i < options_.logs.size() && !stopping(); ++i) {
                     read_log(options_.logs[i], resume, follow && i + 1 == options_.logs.size());
