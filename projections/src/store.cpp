@@ -615,11 +615,12 @@ void batch_run::write_rows() {
     std::string state;
     std::size_t table = SIZE_MAX;
     std::string last;  // the table's last key before this write: keys after it are appended
+    std::optional<cursor> appender;
     for (auto& [id, slot] : dirty) {
         if (id.first != table) {
             table = id.first;
-            cursor c{txn_, s_.tables[table]};
-            auto e = c.last();
+            appender.emplace(txn_, s_.tables[table]);
+            auto e = appender->last();
             last = e ? std::string(e->first) : std::string();
         }
         const auto& proj = *s_.projections[id.first];
@@ -628,8 +629,11 @@ void batch_run::write_rows() {
         proj.save(*slot->state, state);
         value.clear();
         codec::encode_row(value, slot->header, state);
-        const bool append = last.empty() || id.second > last;
-        txn_.put(s_.tables[id.first], id.second, value, append ? MDB_APPEND : 0u);
+        if (last.empty() || id.second > last) {
+            appender->put(id.second, value, MDB_APPEND);  // through one cursor: no search from the root
+        } else {
+            txn_.put(s_.tables[id.first], id.second, value);
+        }
         slot->dirty = false;
     }
 }

@@ -125,13 +125,15 @@ void id_log::stage_hashed(std::string_view id, std::uint64_t time_ns, std::uint6
 }
 
 void id_log::write(write_txn& txn) {
+    if (staged_.empty()) return;
     std::string value;
     auto position = next_position_;
+    cursor c{txn, table_};  // appends through one cursor: no search from the root per id
     for (const auto& s : staged_) {
         value.clear();
         codec::put_u64_le(value, s.time_ns);
         value.append(s.id);
-        txn.put(table_, codec::u64_key(position++), value, MDB_APPEND);
+        c.put(codec::u64_key(position++), value, MDB_APPEND);
     }
 }
 

@@ -458,6 +458,12 @@ std::optional<cursor::entry> cursor::step(MDB_cursor_op op) {
     return entry{from_val(k), from_val(v)};
 }
 
+void cursor::put(std::string_view key, std::string_view value, unsigned flags) {
+    MDB_val k = to_val(key);
+    MDB_val v = to_val(value);
+    if (int rc = mdb_cursor_put(cursor_, &k, &v, flags); rc != 0) throw_lmdb(rc, "cursor put failed");
+}
+
 std::optional<cursor::entry> cursor::seek(std::string_view key) {
     MDB_val k = to_val(key);
     MDB_val v{};

@@ -218,6 +218,9 @@ public:
     std::optional<entry> seek(std::string_view key);
     /// Deletes the entry under the cursor (only inside a write transaction).
     void del();
+    /// Writes key -> value through the cursor (only inside a write transaction). Appends
+    /// (MDB_APPEND) through one cursor skip the search from the root that mdb_put does each time.
+    void put(std::string_view key, std::string_view value, unsigned flags = 0);
 
 private:
     std::optional<entry> step(MDB_cursor_op op);
