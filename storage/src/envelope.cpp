@@ -59,23 +59,42 @@ std::string describe(const envelope& e) {
 
 void append_json_string(std::string& out, std::string_view s) {
     static constexpr char hex[] = "0123456789abcdef";
+    auto escape_byte = [&](unsigned char u) {
+        out += "\\u00";
+        out.push_back(hex[u >> 4]);
+        out.push_back(hex[u & 0xF]);
+    };
     out.push_back('"');
-    for (char c : s) {
-        auto u = static_cast<unsigned char>(c);
-        switch (c) {
-        case '"': out += "\\\""; break;
-        case '\\': out += "\\\\"; break;
-        case '\n': out += "\\n"; break;
-        case '\r': out += "\\r"; break;
-        case '\t': out += "\\t"; break;
-        default:
-            if (u < 0x20) {
-                out += "\\u00";
-                out.push_back(hex[u >> 4]);
-                out.push_back(hex[u & 0xF]);
-            } else {
-                out.push_back(c);
+    std::size_t i = 0;
+    while (i < s.size()) {
+        auto u = static_cast<unsigned char>(s[i]);
+        if (u < 0x80) {
+            switch (u) {
+            case '"': out += "\\\""; break;
+            case '\\': out += "\\\\"; break;
+            case '\n': out += "\\n"; break;
+            case '\r': out += "\\r"; break;
+            case '\t': out += "\\t"; break;
+            default:
+                if (u < 0x20) {
+                    escape_byte(u);
+                } else {
+                    out.push_back(static_cast<char>(u));
+                }
             }
+            ++i;
+            continue;
+        }
+        // A well-formed UTF-8 sequence is copied; any other byte is escaped on its own.
+        std::size_t len = (u >> 5) == 0x6 ? 2 : (u >> 4) == 0xE ? 3 : (u >> 3) == 0x1E ? 4 : 0;
+        bool ok = len != 0 && i + len <= s.size();
+        for (std::size_t k = 1; ok && k < len; ++k) ok = (static_cast<unsigned char>(s[i + k]) & 0xC0) == 0x80;
+        if (ok) {
+            out.append(s.substr(i, len));
+            i += len;
+        } else {
+            escape_byte(u);
+            ++i;
         }
     }
     out.push_back('"');

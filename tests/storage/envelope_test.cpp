@@ -139,3 +139,23 @@ TEST_CASE("to_json round-trips, escaping what JSON needs") {
 }
 
 }  // TEST_SUITE
+
+TEST_CASE("JSON strings keep UTF-8 and escape bytes outside a complete sequence, so the output always parses") {
+    std::string out;
+    idem::append_json_string(out, "caf\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80");
+    CHECK(out == "\"caf\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80\"");
+    out.clear();
+    idem::append_json_string(out, std::string("a\xFF" "b\xC3" "c\x01\"\\\n", 9));
+    CHECK(out == R"("a\u00ffb\u00c3c\u0001\"\\\n")");
+    out.clear();
+    idem::append_json_string(out, "\xE2\x82");  // a sequence cut short at the end
+    CHECK(out == R"("\u00e2\u0082")");
+    // Whatever the bytes, the result is a JSON document the parser accepts.
+    std::string all;
+    for (int b = 0; b < 256; ++b) all.push_back(static_cast<char>(b));
+    idem::envelope e;
+    e.id = all;
+    e.source = "/s";
+    e.type = "t";
+    CHECK(parse(e.to_json()).ok);
+}

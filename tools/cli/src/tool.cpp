@@ -83,7 +83,7 @@ private:
 
 void append_kv(std::string& out, std::string_view key, std::uint64_t v, bool comma = true) {
     if (comma) out.push_back(',');
-    append_json_text(out, key);
+    append_json_string(out, key);
     out.push_back(':');
     out.append(std::to_string(v));
 }
@@ -109,10 +109,10 @@ std::string run_json(const log_run_result& r) {
     for (std::size_t i = 0; i < r.torn.size(); ++i) {
         if (i != 0) out.push_back(',');
         out += "{\"log\":";
-        append_json_text(out, r.torn[i].log.string());
+        append_json_string(out, r.torn[i].log.string());
         append_kv(out, "offset", r.torn[i].offset);
         out += ",\"detail\":";
-        append_json_text(out, r.torn[i].detail);
+        append_json_string(out, r.torn[i].detail);
         out.push_back('}');
     }
     out += "]}\n";
@@ -204,7 +204,7 @@ struct tool::impl {
 
     void row_json(std::string& out, const projection_base& p, const snapshot::raw_row_view& r) const {
         out += "{\"key\":";
-        append_json_text(out, r.key);
+        append_json_string(out, r.key);
         append_kv(out, "version", r.version);
         out += ",\"state\":";
         p.write_json(*p.load(r.state, r.state_version), out);
@@ -320,7 +320,7 @@ void tool::impl::add_builtin_commands() {
             require_environment(db);
             auto snap = snapshot::open(db);
             std::string out = "{\"consumer\":";
-            append_json_text(out, consumer);
+            append_json_string(out, consumer);
             append_kv(out, "commit", snap.commit());
             auto s = snap.stats(consumer);
             out += ",\"outcomes\":" + outcomes_json(s);
@@ -334,7 +334,7 @@ void tool::impl::add_builtin_commands() {
                 if (!first) out.push_back(',');
                 first = false;
                 out += "{\"source\":";
-                append_json_text(out, source);
+                append_json_string(out, source);
                 append_kv(out, "position", position);
                 if (source.starts_with("log:")) {
                     std::error_code ec;
@@ -373,12 +373,12 @@ void tool::impl::add_builtin_commands() {
                 line = "{";
                 append_kv(line, "position", d.position, false);
                 line += ",\"reason\":";
-                append_json_text(line, to_string(d.why));
+                append_json_string(line, to_string(d.why));
                 line += ",\"detail\":";
-                append_json_text(line, d.detail);
+                append_json_string(line, d.detail);
                 line += ",\"message_id\":";
                 // Stored ids carry a one-letter namespace: 'm' transport id, 'e' event id.
-                append_json_text(line, d.message_id.empty() ? std::string_view{} : std::string_view(d.message_id).substr(1));
+                append_json_string(line, d.message_id.empty() ? std::string_view{} : std::string_view(d.message_id).substr(1));
                 append_kv(line, "time_ns", d.time_ns);
                 compact.resize(d.body.size());
                 std::size_t n = 0;
@@ -390,7 +390,7 @@ void tool::impl::add_builtin_commands() {
                     line += ",\"envelope\":" + compact;  // the event as received, compacted
                 } else {
                     line += ",\"body\":";  // not JSON: the text as received
-                    append_json_text(line, d.body);
+                    append_json_string(line, d.body);
                 }
                 line += "}\n";
                 out.write(line);
@@ -433,7 +433,7 @@ void tool::impl::add_builtin_commands() {
             for (std::size_t i = 0; i < c.left.size(); ++i) {
                 if (i != 0) out.push_back(',');
                 out += "{\"projection\":";
-                append_json_text(out, c.left[i].projection);
+                append_json_string(out, c.left[i].projection);
                 append_kv(out, "rows", c.left[i].rows);
                 char hex[32];
                 std::snprintf(hex, sizeof hex, "%016" PRIx64, c.left[i].digest);
@@ -445,7 +445,7 @@ void tool::impl::add_builtin_commands() {
             out += "]";
             if (c.first_difference) {
                 out += ",\"first_difference\":";
-                append_json_text(out, *c.first_difference);
+                append_json_string(out, *c.first_difference);
             }
             out += "}\n";
             output o2;
@@ -479,7 +479,7 @@ void tool::impl::add_builtin_commands() {
             if (r.torn_tail) {
                 append_kv(out, "torn_tail", *r.torn_tail);
                 out += ",\"torn_detail\":";
-                append_json_text(out, r.torn_detail);
+                append_json_string(out, r.torn_detail);
                 std::fprintf(stderr, "convert: %s: incomplete last record at offset %" PRIu64 " not copied (%s)\n",
                              a.required("in").c_str(), *r.torn_tail, r.torn_detail.c_str());
             }

@@ -82,7 +82,8 @@ private:
     std::unique_ptr<impl> impl_;
 };
 
-/// Appends s as a JSON string literal (quoted, escaped).
+/// Appends s as a JSON string literal (quoted, escaped); a byte that is not part of a complete
+/// UTF-8 sequence is written as \u00XX, so the output is valid JSON whatever s holds.
 void append_json_string(std::string& out, std::string_view s);
 
 }  // namespace idem

@@ -125,7 +125,4 @@ private:
     std::string buffer_;
 };
 
-/// Appends a JSON string literal, escaping control characters; invalid UTF-8 bytes are written as \u00XX.
-void append_json_text(std::string& out, std::string_view s);
-
 }  // namespace idem::cli
