@@ -113,6 +113,8 @@ private:
                 auto& d = batch_[used_++];
                 d.body.assign(record.body);
                 d.message_id.clear();
+                d.line = record.line;
+                d.offset = record.offset;
                 ++records_read_;
                 if (used_ == batch_.size()) {
                     bytes_read_ = base + (reader.position() - started_at);

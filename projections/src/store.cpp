@@ -4,6 +4,7 @@
 #include <idem/storage/id_log.hpp>
 
 #include <algorithm>
+#include <utility>
 #include <deque>
 #include <iterator>
 #include <chrono>
@@ -168,6 +169,8 @@ struct prepared_batch::item {
     };
     std::string body;
     std::string transport_id;
+    std::uint64_t line = 0;  // where it was read from a log (0: not from a log)
+    std::uint64_t offset = 0;
     std::string message_id;  // the inbox key (set when the envelope parsed)
     parse_error err;  // err.why != none: the envelope is rejected as a whole
     envelope ev;
@@ -254,6 +257,8 @@ void prepare_parts(const store::impl& s, const envelope& ev, std::vector<part>& 
 void prepare_item(const store::impl& s, const delivery& d, prepared_batch::item& out, envelope_parser& parser) {
     out.body.assign(d.body);
     out.transport_id.assign(d.message_id);
+    out.line = d.line;
+    out.offset = d.offset;
     const auto limit = s.options.max_event_bytes;
     if (limit != 0 && d.body.size() > limit) {
         out.err = {reason::too_large, "the envelope has " + std::to_string(d.body.size()) +
@@ -334,6 +339,8 @@ public:
     }
 
     outcome deliver(const prepared_batch::item& d);
+    /// Names the source the next deliveries were read from (a checkpoint source), for dead letters.
+    void read_from(const std::optional<checkpoint>& at) { source_ = at ? at->source : std::string(); }
     void finish(const std::optional<checkpoint>& at, std::uint64_t commit);
     /// Bulk builds: writes what the batch holds so far (ids, effect keys, dead letters) into the
     /// transaction, and the rows too when they exceed budget bytes (then forgets them).
@@ -382,14 +389,24 @@ private:
     std::map<std::string, std::optional<std::string>> parked_;  // nullopt: deleted in this batch
     std::vector<std::string> dead_letters_;
     std::size_t row_bytes_ = 0;  // an estimate of the memory rows_ holds
+    const prepared_batch::item* current_ = nullptr;  // the delivery being applied (null: a released parked event)
+    std::string source_;                              // where the batch was read from, if from a log
 };
 
 outcome batch_run::dead(reason why, std::string detail, std::string_view message_id, std::string_view body) {
+    if (current_ != nullptr && current_->line != 0) {
+        // Read from a log: say where, as path:line, so the operator can find the record.
+        std::string_view source = source_;
+        if (source.starts_with("log:")) source.remove_prefix(4);
+        detail = std::string(source) + ":" + std::to_string(current_->line) + " (byte offset " +
+                 std::to_string(current_->offset) + "): " + detail;
+    }
     dead_letters_.push_back(encode_dead_letter(why, detail, message_id, body, time_ns_));
     return outcome{outcome_kind::dead_lettered, why, std::move(detail), 0};
 }
 
 outcome batch_run::deliver(const prepared_batch::item& d) {
+    current_ = &d;
     if (d.err.why != reason::none) {
         // Without a valid envelope only a transport id can identify a redelivery.
         std::string message_id;
@@ -490,7 +507,9 @@ void batch_run::release_parked(const std::string& subject) {
         if (!s_.parser.parse(rest, ev, err)) {
             throw_error(errc::corrupt_record, "parked event of '" + subject + "' no longer parses: " + err.detail);
         }
+        const auto* delivering = std::exchange(current_, nullptr);  // a released event was read elsewhere
         auto result = apply_projections(ev, message_id, rest, nullptr);
+        current_ = delivering;
         ++stats.released;
         st = stream_state{highest + 1, true};
         if (result.kind == outcome_kind::dead_lettered) {
@@ -709,6 +728,7 @@ std::vector<outcome> store::impl::run(const prepared_batch& prepared, const std:
     if (auto v = txn.get(meta, commit_key); v && v->size() >= 8) commit = codec::get_u64_le(*v) + 1;
 
     batch_run run{*this, txn};
+    run.read_from(at);
     run.stats = decode_stats(txn.get(meta, stats_key(options.consumer)));
     std::vector<outcome> outcomes;
     outcomes.reserve(batch.size());
@@ -729,6 +749,7 @@ std::vector<outcome> store::impl::run_bulk(const prepared_batch& prepared, const
     const auto& batch = prepared.items_;
     std::vector<outcome> outcomes;
     outcomes.reserve(batch.size());
+    bulk->read_from(at);
     for (const auto& d : batch) {
         outcomes.push_back(bulk->deliver(d));
         outcomes.back().commit = bulk_commit;

@@ -7,6 +7,7 @@ usage: cli_test.py PATH/TO/idem
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -142,6 +143,20 @@ class rebuild_test(cli_case):
             self.assertTrue(d["detail"])
             self.assertTrue("envelope" in d or "body" in d)
         self.assertEqual(reasons, expected["dead_letter_reasons"])
+        # Every dead letter says where it was read: path:line (byte offset), and that is where it is.
+        content = read_bytes(self.path("fills.jsonl"))
+        lines = content.split(b"\n")
+        for d in letters:
+            m = re.match(r"(.*):(\d+) \(byte offset (\d+)\): ", d["detail"])
+            self.assertIsNotNone(m, d["detail"])
+            self.assertEqual(m.group(1), os.path.abspath(self.path("fills.jsonl")))
+            line, offset = int(m.group(2)), int(m.group(3))
+            self.assertTrue(content[offset:].startswith(lines[line - 1]))
+            self.assertEqual(content[:offset].count(b"\n"), line - 1)
+
+        small = self.path("small-budget")
+        run("rebuild", "--db", small, "--log", self.path("fills.jsonl"), "--memory", "0", "--batch", "700")
+        self.assertEqual(self.dump(small, "positions"), self.dump(db, "positions"))
 
         v = run("verify", "--db", db, "--log", self.path("fills.jsonl"))
         self.assertTrue(json.loads(v.stdout)["match"])

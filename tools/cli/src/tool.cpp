@@ -220,10 +220,12 @@ void tool::impl::add_builtin_commands() {
     commands.push_back(command{
         "rebuild",
         "build every projection from event logs into a fresh environment, then swap it in atomically",
-        {db_option, log_option, format_option, skip_bad_option, batch_option},
+        {db_option, log_option, format_option, skip_bad_option, batch_option,
+         {"memory", "MB", "rows are aggregated in memory up to about this much, then written (default 1024)"}},
         [this](const arguments& a) {
             rebuild_options o;
             o.store = store_for(a.required("db"));
+            o.memory_budget = static_cast<std::size_t>(a.number("memory", 1024)) << 20;
             for (const auto& l : a.all("log")) o.logs.emplace_back(l);
             o.setup = setup();
             o.format = parse_format(a);

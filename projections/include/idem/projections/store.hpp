@@ -51,6 +51,8 @@ struct outcome {
 struct delivery {
     std::string body;        ///< CloudEvents JSON text
     std::string message_id;  ///< transport message id (Nats-Msg-Id, Idempotency-Key); "" to use the envelope's
+    std::uint64_t line = 0;    ///< read from a log: its line (JSON Lines) or record (binary) number, 1-based; 0: not
+    std::uint64_t offset = 0;  ///< read from a log: the byte offset of the record
 };
 
 /// A source position committed with the batch that consumed up to it.
