@@ -3,7 +3,7 @@
 
 #include <idem/examples/domains.hpp>
 
-#include "temp_dir.hpp"
+#include "../common/temp_dir.hpp"
 
 #include <idem/storage/envelope.hpp>
 
@@ -18,7 +18,7 @@
 #include <vector>
 
 namespace ex = idem::examples;
-using idem_examples_test::temp_dir;
+using idem::test::temp_dir;
 
 namespace {
 

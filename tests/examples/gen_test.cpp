@@ -3,7 +3,7 @@
 
 #include <idem/examples/gen.hpp>
 
-#include "temp_dir.hpp"
+#include "../common/temp_dir.hpp"
 
 #include <idem/examples/domains.hpp>
 #include <idem/projections/store.hpp>
@@ -20,7 +20,7 @@
 #include <vector>
 
 namespace ex = idem::examples;
-using idem_examples_test::temp_dir;
+using idem::test::temp_dir;
 
 namespace {
 

@@ -9,6 +9,8 @@
 
 #include <doctest/doctest.h>
 
+#include "../common/temp_dir.hpp"
+
 #include <unistd.h>
 
 #include <atomic>
@@ -25,36 +27,7 @@
 
 namespace idem_test {
 
-/// A fresh directory under the system temporary directory, removed with everything in it.
-class temp_dir {
-public:
-    temp_dir() {
-        static std::atomic<unsigned> counter{0};
-        std::random_device entropy;
-        const auto base = std::filesystem::temp_directory_path();
-        for (;;) {
-            path_ = base / ("idem-projections-" + std::to_string(::getpid()) + "-" + std::to_string(counter++) + "-" +
-                            std::to_string(entropy()));
-            std::error_code ec;
-            if (std::filesystem::create_directory(path_, ec)) break;
-            if (ec) throw std::system_error(ec, "cannot create " + path_.string());
-        }
-    }
-    ~temp_dir() {
-        std::error_code ec;
-        std::filesystem::remove_all(path_, ec);
-    }
-    temp_dir(const temp_dir&) = delete;
-    temp_dir& operator=(const temp_dir&) = delete;
-
-    /// Returns the directory.
-    const std::filesystem::path& path() const noexcept { return path_; }
-    /// Returns the LMDB environment directory inside it.
-    std::filesystem::path env() const { return path_ / "env"; }
-
-private:
-    std::filesystem::path path_;
-};
+using idem::test::temp_dir;
 
 /// The consumer every test uses.
 inline constexpr const char* consumer = "projector";

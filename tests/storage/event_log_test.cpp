@@ -1,6 +1,6 @@
 #include <idem/storage/event_log.hpp>
 
-#include "temp_dir.hpp"
+#include "../common/temp_dir.hpp"
 
 #include <idem/storage/error.hpp>
 

@@ -1,6 +1,6 @@
 #include <idem/storage/id_log.hpp>
 
-#include "temp_dir.hpp"
+#include "../common/temp_dir.hpp"
 
 #include <doctest/doctest.h>
 

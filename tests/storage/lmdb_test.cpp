@@ -1,6 +1,6 @@
 #include <idem/storage/lmdb.hpp>
 
-#include "temp_dir.hpp"
+#include "../common/temp_dir.hpp"
 
 #include <doctest/doctest.h>
 

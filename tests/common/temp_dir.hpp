@@ -1,6 +1,7 @@
 #pragma once
 
-// A temporary directory per test, removed with everything in it.
+// A temporary directory per test, removed with everything in it: the test suites' real
+// LMDB environments and log files live in one.
 
 #include <unistd.h>
 
@@ -10,7 +11,7 @@
 #include <string>
 #include <system_error>
 
-namespace idem_examples_test {
+namespace idem::test {
 
 /// A fresh directory under the system temporary directory, removed with everything in it on destruction.
 class temp_dir {
@@ -20,7 +21,7 @@ public:
         std::random_device entropy;
         const auto base = std::filesystem::temp_directory_path();
         for (;;) {
-            path_ = base / ("idem-examples-" + std::to_string(::getpid()) + "-" + std::to_string(counter++) + "-" +
+            path_ = base / ("idem-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter++) + "-" +
                             std::to_string(entropy()));
             std::error_code ec;
             if (std::filesystem::create_directory(path_, ec)) break;
@@ -36,9 +37,13 @@ public:
 
     /// Returns the directory.
     const std::filesystem::path& path() const noexcept { return path_; }
+    /// Returns a path inside it.
+    std::filesystem::path operator/(const std::string& name) const { return path_ / name; }
+    /// Returns the LMDB environment directory inside it.
+    std::filesystem::path env() const { return path_ / "env"; }
 
 private:
     std::filesystem::path path_;
 };
 
-}  // namespace idem_examples_test
+}  // namespace idem::test
