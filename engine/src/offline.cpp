@@ -90,7 +90,7 @@ private:
         std::uint64_t bytes = 0;    // bytes read so far, including this batch
     };
 
-    bool stopping() const { return stop_ != nullptr && stop_->load(); }
+    bool stopping() const { return (stop_ != nullptr && stop_->load()) || abandoned_.load(); }
 
     // --- the reader thread ------------------------------------------------------------
 
@@ -204,7 +204,7 @@ private:
     std::deque<pending> queue_;
     std::vector<prepared_batch> recycled_;
     bool reading_done_ = false;
-    bool abandoned_ = false;
+    std::atomic<bool> abandoned_{false};  // the applier failed: the reader stops (also read without mutex_)
     std::exception_ptr failure_;
 
     // Applying thread (and the reader's skipped/torn under mutex_; read after join).
@@ -259,7 +259,14 @@ log_run_result rebuild(const rebuild_options& options) {
 
     auto o = options;
     o.store.path = fresh;
-    auto result = build(o);
+    log_run_result result;
+    try {
+        result = build(o);
+    } catch (...) {
+        std::error_code ec;
+        std::filesystem::remove_all(fresh, ec);  // the target was not touched; leave nothing beside it
+        throw;
+    }
 
     // Swap in one rename: the target is the old or the new environment, never a mix.
     if (!std::filesystem::exists(target)) {
