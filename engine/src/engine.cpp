@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <sstream>
 #include <thread>
@@ -163,8 +164,17 @@ void engine::submit(delivery d, apply_handler handler, executor_type ex) {
     auto submitted = clock::now();
     // Parsing, payload decoding and key functions run here, on the submitter's thread, so
     // the writer's time per delivery is only what needs its transaction.
-    pending_apply p{impl_->st->prepare(std::span<const delivery>(&d, 1)), std::move(handler), std::move(ex),
-                    submitted};
+    pending_apply p{prepared_batch{}, std::move(handler), std::move(ex), submitted};
+    try {
+        impl_->st->prepare(std::span<const delivery>(&d, 1), p.body);
+    } catch (const std::bad_alloc&) {
+        post_apply(p, std::make_error_code(std::errc::not_enough_memory), outcome{});
+        return;
+    } catch (...) {
+        // A key function that threw something other than a std::exception (those are dead letters).
+        post_apply(p, make_error_code(errc::invalid_argument), outcome{});
+        return;
+    }
     std::unique_lock lock{impl_->m};
     impl_->started = true;
     if (impl_->stopping) {

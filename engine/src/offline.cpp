@@ -3,6 +3,7 @@
 #include <idem/storage/error.hpp>
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <unistd.h>
@@ -46,6 +47,8 @@ public:
         for (const auto& log : o.logs) progress_.total_bytes += file_size_or_zero(log);
     }
 
+    /// resume: start each log at the consumer's checkpoint, and leave an incomplete last
+    /// record for a later run (a live log may be mid-append) instead of applying it.
     log_run_result run(bool resume, bool follow, std::chrono::milliseconds poll, const std::atomic<bool>* stop) {
         poll_ = poll;
         stop_ = stop;
@@ -98,8 +101,11 @@ private:
         const std::string source = log_source(path);
         log_reader_options ro;
         ro.skip_bad = options_.skip_bad;
-        ro.follow = follow;
+        // A live log (resume) is read like a followed one: a last record without its end is
+        // not taken yet, or its two halves would be two malformed events.
+        ro.follow = follow || resume;
         if (resume) ro.start = snapshot{store_.env()}.checkpoint(store_.options().consumer, source).value_or(0);
+        const bool lines_known = ro.start == 0;  // after a resume only byte offsets are known
         log_reader reader{path, ro};
         if (options_.format && reader.format() != *options_.format) {
             throw_error(errc::invalid_argument, path.string() + ": is a " + std::string(to_string(reader.format())) +
@@ -113,12 +119,13 @@ private:
                 auto& d = batch_[used_++];
                 d.body.assign(record.body);
                 d.message_id.clear();
-                d.line = record.line;
+                d.line = lines_known ? record.line : 0;
                 d.offset = record.offset;
                 ++records_read_;
                 if (used_ == batch_.size()) {
                     bytes_read_ = base + (reader.position() - started_at);
                     if (!hand_over(source, reader.position())) return;
+                    if (stopping()) break;  // Ctrl-C: stop at a batch boundary, its checkpoint committed
                 }
             }
             bytes_read_ = base + (reader.position() - started_at);
@@ -128,7 +135,13 @@ private:
         }
         std::lock_guard lock{mutex_};
         result_.skipped += reader.skipped();
-        if (auto torn = reader.torn_tail()) result_.torn.push_back({path, *torn, reader.torn_detail()});
+        if (auto torn = reader.torn_tail()) {
+            result_.torn.push_back({path, *torn, reader.torn_detail()});
+        } else if (resume && !stopping() && reader.size() > reader.position()) {
+            result_.torn.push_back({path, reader.position(),
+                                    "the last record is incomplete (no end yet): not applied; a later run takes it "
+                                    "once it is complete"});
+        }
     }
 
     /// Prepares the records read so far and queues them; false if the run was abandoned.
@@ -250,9 +263,56 @@ log_run_result build(const rebuild_options& options) {
     return result;
 }
 
+std::filesystem::path normalized_dir(const std::filesystem::path& dir) {
+    auto p = std::filesystem::absolute(dir).lexically_normal();
+    if (!p.has_filename()) p = p.parent_path();  // "data/" names "data"
+    return p;
+}
+
+namespace {
+
+/// An exclusive lock on <target>.rebuild.lock for the life of a rebuild: two rebuilds of one
+/// target would delete each other's half-built environment.
+class rebuild_lock {
+public:
+    explicit rebuild_lock(const std::filesystem::path& target) {
+        auto path = target;
+        path += ".rebuild.lock";
+        fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+        if (fd_ < 0) throw std::system_error(errno, std::system_category(), "cannot create " + path.string());
+        if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+            int e = errno;
+            ::close(fd_);
+            if (e == EWOULDBLOCK) {
+                throw_error(errc::invalid_argument, "another rebuild of " + target.string() + " is running");
+            }
+            throw std::system_error(e, std::system_category(), "cannot lock " + path.string());
+        }
+    }
+    ~rebuild_lock() { ::close(fd_); }
+    rebuild_lock(const rebuild_lock&) = delete;
+    rebuild_lock& operator=(const rebuild_lock&) = delete;
+
+private:
+    int fd_ = -1;
+};
+
+}  // namespace
+
 log_run_result rebuild(const rebuild_options& options) {
-    const auto target = std::filesystem::absolute(options.store.path).lexically_normal();
-    if (target.filename().empty()) throw_error(errc::invalid_argument, "rebuild: no target directory given");
+    const auto target = normalized_dir(options.store.path);
+    if (target == target.root_path()) throw_error(errc::invalid_argument, "rebuild: no target directory given");
+    if (std::filesystem::exists(target)) {
+        // The target is replaced and then deleted: make sure it is an environment, not a typo.
+        if (!std::filesystem::is_directory(target)) {
+            throw_error(errc::invalid_argument, target.string() + ": exists and is not a directory");
+        }
+        if (!std::filesystem::is_empty(target) && !std::filesystem::exists(target / "data.mdb")) {
+            throw_error(errc::invalid_argument,
+                        target.string() + ": exists and is not an idem environment (no data.mdb); not replacing it");
+        }
+    }
+    rebuild_lock lock{target};
     auto fresh = target;
     fresh += ".rebuild";
     std::filesystem::remove_all(fresh);  // left by a rebuild that was killed: start over
@@ -271,8 +331,6 @@ log_run_result rebuild(const rebuild_options& options) {
     // Swap in one rename: the target is the old or the new environment, never a mix.
     if (!std::filesystem::exists(target)) {
         std::filesystem::rename(fresh, target);
-    } else if (!std::filesystem::is_directory(target)) {
-        throw_error(errc::invalid_argument, target.string() + ": exists and is not a directory");
     } else if (::renameat2(AT_FDCWD, fresh.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) != 0) {
         throw std::system_error(errno, std::system_category(),
                                 "cannot swap " + fresh.string() + " into " + target.string());

@@ -136,14 +136,26 @@ struct store::impl {
     std::vector<outcome> run_bulk(const prepared_batch& batch, const std::optional<checkpoint>& at);
     void abandon_bulk();
     void open_tables() {
-        streams = env->table("streams/" + options.consumer);
-        parked = env->table("parked/" + options.consumer);
-        dead = env->table("deadletter/" + options.consumer);
-        checkpoints = env->table("checkpoint/" + options.consumer);
-        ids = std::make_unique<id_log>(*env, "inbox/" + options.consumer);
-        tables.clear();
-        contributors.clear();
-        for (const auto& p : projections) open_projection(*p);
+        // Everything is opened first and swapped in at the end: a failure half way leaves the
+        // previous handles and indexes in place, never a partial set.
+        auto new_streams = env->table("streams/" + options.consumer);
+        auto new_parked = env->table("parked/" + options.consumer);
+        auto new_dead = env->table("deadletter/" + options.consumer);
+        auto new_checkpoints = env->table("checkpoint/" + options.consumer);
+        auto new_ids = std::make_unique<id_log>(*env, "inbox/" + options.consumer);
+        std::vector<MDB_dbi> new_tables;
+        std::vector<std::unique_ptr<id_log>> new_contributors;
+        for (const auto& p : projections) {
+            new_tables.push_back(env->table("proj/" + p->name()));
+            new_contributors.push_back(std::make_unique<id_log>(*env, "contrib/" + p->name()));
+        }
+        streams = new_streams;
+        parked = new_parked;
+        dead = new_dead;
+        checkpoints = new_checkpoints;
+        ids = std::move(new_ids);
+        tables = std::move(new_tables);
+        contributors = std::move(new_contributors);
     }
     void open_projection(const projection_base& p) {
         tables.push_back(env->table("proj/" + p.name()));
@@ -341,6 +353,8 @@ public:
     outcome deliver(const prepared_batch::item& d);
     /// Names the source the next deliveries were read from (a checkpoint source), for dead letters.
     void read_from(const std::optional<checkpoint>& at) { source_ = at ? at->source : std::string(); }
+    /// Forgets the last delivery (its prepared batch may be reused after the call).
+    void delivered() noexcept { current_ = nullptr; }
     void finish(const std::optional<checkpoint>& at, std::uint64_t commit);
     /// Bulk builds: writes what the batch holds so far (ids, effect keys, dead letters) into the
     /// transaction, and the rows too when they exceed budget bytes (then forgets them).
@@ -394,12 +408,13 @@ private:
 };
 
 outcome batch_run::dead(reason why, std::string detail, std::string_view message_id, std::string_view body) {
-    if (current_ != nullptr && current_->line != 0) {
-        // Read from a log: say where, as path:line, so the operator can find the record.
-        std::string_view source = source_;
-        if (source.starts_with("log:")) source.remove_prefix(4);
-        detail = std::string(source) + ":" + std::to_string(current_->line) + " (byte offset " +
-                 std::to_string(current_->offset) + "): " + detail;
+    if (current_ != nullptr && std::string_view(source_).starts_with("log:")) {
+        // Read from a log: say where (path:line, or the byte offset once resumed mid-file).
+        const auto path = std::string_view(source_).substr(4);
+        detail = current_->line != 0 ? std::string(path) + ":" + std::to_string(current_->line) + " (byte offset " +
+                                           std::to_string(current_->offset) + "): " + detail
+                                     : std::string(path) + " at byte offset " + std::to_string(current_->offset) +
+                                           ": " + detail;
     }
     dead_letters_.push_back(encode_dead_letter(why, detail, message_id, body, time_ns_));
     return outcome{outcome_kind::dead_lettered, why, std::move(detail), 0};
@@ -755,6 +770,7 @@ std::vector<outcome> store::impl::run_bulk(const prepared_batch& prepared, const
         outcomes.back().commit = bulk_commit;
         ++bulk->stats.outcomes[static_cast<std::size_t>(outcomes.back().kind)];
     }
+    bulk->delivered();  // the batch's items may be reused by the caller once this returns
     if (at) bulk_checkpoints[at->source] = at->position;
     bulk->spill(bulk_budget);
     return outcomes;
@@ -1040,6 +1056,11 @@ std::size_t snapshot::inbox_size(std::string_view consumer) const {
 
 std::size_t snapshot::parked(std::string_view consumer) const {
     auto t = table("parked/" + std::string(consumer));
+    return t ? txn_.entries(*t) : 0;
+}
+
+std::size_t snapshot::dead_letter_count(std::string_view consumer) const {
+    auto t = table("deadletter/" + std::string(consumer));
     return t ? txn_.entries(*t) : 0;
 }
 

@@ -85,10 +85,27 @@ void append_json_string(std::string& out, std::string_view s) {
             ++i;
             continue;
         }
-        // A well-formed UTF-8 sequence is copied; any other byte is escaped on its own.
-        std::size_t len = (u >> 5) == 0x6 ? 2 : (u >> 4) == 0xE ? 3 : (u >> 3) == 0x1E ? 4 : 0;
+        // A well-formed UTF-8 sequence (RFC 3629: no overlong forms, no surrogates, nothing
+        // past U+10FFFF) is copied; any other byte is escaped on its own.
+        std::size_t len = 0;
+        unsigned char lo = 0x80;  // the range of the second byte, which rules out the ill-formed cases
+        unsigned char hi = 0xBF;
+        if (u >= 0xC2 && u <= 0xDF) {
+            len = 2;
+        } else if (u >= 0xE0 && u <= 0xEF) {
+            len = 3;
+            if (u == 0xE0) lo = 0xA0;
+            if (u == 0xED) hi = 0x9F;
+        } else if (u >= 0xF0 && u <= 0xF4) {
+            len = 4;
+            if (u == 0xF0) lo = 0x90;
+            if (u == 0xF4) hi = 0x8F;
+        }
         bool ok = len != 0 && i + len <= s.size();
-        for (std::size_t k = 1; ok && k < len; ++k) ok = (static_cast<unsigned char>(s[i + k]) & 0xC0) == 0x80;
+        for (std::size_t k = 1; ok && k < len; ++k) {
+            auto c = static_cast<unsigned char>(s[i + k]);
+            ok = k == 1 ? (c >= lo && c <= hi) : (c & 0xC0) == 0x80;
+        }
         if (ok) {
             out.append(s.substr(i, len));
             i += len;

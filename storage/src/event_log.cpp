@@ -447,6 +447,18 @@ void log_writer::prepare_append() {
                         path_.string() + ": not a binary event log; cannot append binary records");
         }
         check_header(head, n, path_);
+        // Cut a torn last record (a writer that crashed mid-append) before appending: after it,
+        // it would read as corruption in the middle of the log instead of a torn tail.
+        log_reader scan{path_};
+        log_record r;
+        while (scan.next(r)) {
+        }
+        if (auto torn = scan.torn_tail()) {
+            if (::ftruncate(fd_, static_cast<off_t>(*torn)) != 0) {
+                throw std::system_error(errno, std::system_category(),
+                                        path_.string() + ": cannot cut the torn record at offset " + std::to_string(*torn));
+            }
+        }
     } else {
         if (binary) {
             throw_error(errc::format_mismatch, path_.string() + ": a binary event log; cannot append JSON lines");

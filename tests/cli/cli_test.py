@@ -246,6 +246,95 @@ class rebuild_test(cli_case):
         self.assertFalse(any(n.startswith("db.verify") for n in os.listdir(self.dir)))
 
 
+class safety_test(cli_case):
+    def test_rebuild_refuses_a_directory_that_is_not_an_environment(self):
+        self.gen("a.jsonl", events=500)
+        precious = self.path("work")
+        os.makedirs(precious)
+        with open(os.path.join(precious, "notes.txt"), "w") as f:
+            f.write("keep me")
+        p = run("rebuild", "--db", precious, "--log", self.path("a.jsonl"), check=False)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("not an idem environment", p.stderr)
+        self.assertTrue(os.path.exists(os.path.join(precious, "notes.txt")))
+
+    def test_a_trailing_slash_names_the_same_environment(self):
+        self.gen("a.jsonl", events=500)
+        run("rebuild", "--db", self.path("db") + "/", "--log", self.path("a.jsonl"))
+        self.assertTrue(os.path.exists(os.path.join(self.path("db"), "data.mdb")))
+        self.assertTrue(json.loads(run("verify", "--db", self.path("db") + "/", "--log", self.path("a.jsonl")).stdout)["match"])
+        self.assertEqual(sorted(os.listdir(self.path("db"))), ["data.mdb", "lock.mdb"])
+
+    def test_a_second_rebuild_of_the_same_target_is_refused_while_one_runs(self):
+        import fcntl
+        self.gen("a.jsonl", events=500)
+        db = self.path("db")
+        run("rebuild", "--db", db, "--log", self.path("a.jsonl"))
+        before = self.dump(db, "positions")
+        with open(db + ".rebuild.lock", "w") as held:  # what a running rebuild holds
+            fcntl.flock(held, fcntl.LOCK_EX)
+            p = run("rebuild", "--db", db, "--log", self.path("a.jsonl"), check=False)
+            self.assertEqual(p.returncode, 2)
+            self.assertIn("another rebuild", p.stderr)
+            self.assertEqual(self.dump(db, "positions"), before)
+        run("rebuild", "--db", db, "--log", self.path("a.jsonl"))  # free again
+
+    def test_consume_leaves_an_unterminated_last_line_for_later(self):
+        self.gen("a.jsonl", events=300)
+        body = read_bytes(self.path("a.jsonl"))
+        log = self.path("live.jsonl")
+        with open(log, "wb") as f:
+            f.write(body[:-1])  # the last line's newline has not been written yet
+        out = json.loads(run("consume", "--db", self.path("db"), "--log", log).stdout)
+        self.assertEqual(out["records"], len(body.splitlines()) - 1)
+        self.assertEqual(len(out["torn"]), 1)
+        with open(log, "ab") as f:
+            f.write(b"\n")
+        again = json.loads(run("consume", "--db", self.path("db"), "--log", log).stdout)
+        self.assertEqual(again["records"], 1)
+        self.assertEqual(again["torn"], [])
+        run("rebuild", "--db", self.path("ref"), "--log", self.path("a.jsonl"))
+        self.assertEqual(self.dump(self.path("db"), "positions"), self.dump(self.path("ref"), "positions"))
+
+    def test_dead_letters_after_a_resume_give_the_byte_offset(self):
+        self.gen("a.jsonl", events=3000, malformed=0.02)
+        content = read_bytes(self.path("a.jsonl"))
+        half = content.index(b"\n", len(content) // 2) + 1
+        log = self.path("live.jsonl")
+        with open(log, "wb") as f:
+            f.write(content[:half])
+        run("consume", "--db", self.path("db"), "--log", log)
+        with open(log, "ab") as f:
+            f.write(content[half:])
+        run("consume", "--db", self.path("db"), "--log", log)
+        letters = jsonl(run("deadletters", "--db", self.path("db")).stdout)
+        resumed = [d for d in letters if " at byte offset " in d["detail"]]
+        self.assertGreater(len(resumed), 0)
+        for d in resumed:
+            offset = int(re.search(r" at byte offset (\d+): ", d["detail"]).group(1))
+            self.assertGreaterEqual(offset, half)
+            self.assertTrue(offset == 0 or content[offset - 1:offset] == b"\n")
+
+    def test_ctrl_c_stops_a_consume_at_a_batch_boundary(self):
+        self.gen("a.jsonl", events=60000, aggregates=3000)
+        db = self.path("db")
+        p = subprocess.Popen([IDEM, "consume", "--db", db, "--log", self.path("a.jsonl"), "--batch", "100"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.time() + 30
+        while not os.path.exists(os.path.join(db, "data.mdb")) and time.time() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.3)
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=60)
+        self.assertEqual(p.returncode, 0, err)
+        first = json.loads(out)
+        self.assertLess(first["records"], len(read_bytes(self.path("a.jsonl")).splitlines()))
+        run("consume", "--db", db, "--log", self.path("a.jsonl"))
+        run("rebuild", "--db", self.path("ref"), "--log", self.path("a.jsonl"))
+        self.assertEqual(self.dump(db, "positions"), self.dump(self.path("ref"), "positions"))
+        self.assertEqual(self.stats(db)["outcomes"], self.stats(self.path("ref"))["outcomes"])
+
+
 class consume_test(cli_case):
     def test_consume_equals_rebuild(self):
         expected = self.gen("fills.jsonl", malformed=0.01)

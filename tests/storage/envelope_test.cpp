@@ -150,6 +150,10 @@ TEST_CASE("JSON strings keep UTF-8 and escape bytes outside a complete sequence,
     out.clear();
     idem::append_json_string(out, "\xE2\x82");  // a sequence cut short at the end
     CHECK(out == R"("\u00e2\u0082")");
+    // Ill-formed sequences: overlong, surrogate, past U+10FFFF.
+    out.clear();
+    idem::append_json_string(out, "\xC0\x80|\xE0\x80\x80|\xED\xA0\x80|\xF4\x90\x80\x80");
+    CHECK(out == R"("\u00c0\u0080|\u00e0\u0080\u0080|\u00ed\u00a0\u0080|\u00f4\u0090\u0080\u0080")");
     // Whatever the bytes, the result is a JSON document the parser accepts.
     std::string all;
     for (int b = 0; b < 256; ++b) all.push_back(static_cast<char>(b));

@@ -464,6 +464,22 @@ TEST_CASE("appending continues a log of the same format") {
         CHECK(bodies(read_all(path)) == std::vector<std::string>{"{\"n\":1}", "{\"n\":", "{\"n\":3}"});
         CHECK_THROWS_AS(idem::log_writer(path, idem::log_format::binary, true), std::system_error);
     }
+    SUBCASE("binary whose last record was torn: the torn record is cut, the log stays readable") {
+        auto path = dir / "torn.bin";
+        write_log(path, idem::log_format::binary, {"{\"n\":1}", "{\"n\":2}"});
+        std::filesystem::resize_file(path, std::filesystem::file_size(path) - 3);
+        {
+            idem::log_writer writer{path, idem::log_format::binary, true};
+            writer.write("{\"n\":3}");
+        }
+        idem::log_reader reader{path};
+        idem::log_record r;
+        std::vector<std::string> got;
+        while (reader.next(r)) got.emplace_back(r.body);
+        CHECK(got == std::vector<std::string>{"{\"n\":1}", "{\"n\":3}"});
+        CHECK_FALSE(reader.torn_tail().has_value());
+        CHECK(reader.skipped() == 0);
+    }
     SUBCASE("a missing file is created") {
         auto path = dir / "new.bin";
         {

@@ -225,7 +225,9 @@ void tool::impl::add_builtin_commands() {
         [this](const arguments& a) {
             rebuild_options o;
             o.store = store_for(a.required("db"));
-            o.memory_budget = static_cast<std::size_t>(a.number("memory", 1024)) << 20;
+            const auto mb = a.number("memory", 1024);
+            if (mb > (std::uint64_t{1} << 40)) throw usage_error("option '--memory': " + std::to_string(mb) + " MB is too large");
+            o.memory_budget = static_cast<std::size_t>(mb) << 20;
             for (const auto& l : a.all("log")) o.logs.emplace_back(l);
             o.setup = setup();
             o.format = parse_format(a);
@@ -258,10 +260,25 @@ void tool::impl::add_builtin_commands() {
             o.batch = static_cast<std::size_t>(std::max<std::uint64_t>(1, a.number("batch", 1000)));
             o.follow = a.flag("follow");
             o.stop = &stop_requested;
+            // The first Ctrl-C or SIGTERM stops after the batch in hand (committed with its
+            // offset); a second one ends the process the default way. The caller's handlers are
+            // restored afterwards.
+            stop_requested.store(false);
             struct sigaction sa{};
+            struct sigaction old_int{};
+            struct sigaction old_term{};
             sa.sa_handler = on_stop_signal;
-            ::sigaction(SIGINT, &sa, nullptr);
-            ::sigaction(SIGTERM, &sa, nullptr);
+            sa.sa_flags = static_cast<int>(SA_RESETHAND);
+            ::sigaction(SIGINT, &sa, &old_int);
+            ::sigaction(SIGTERM, &sa, &old_term);
+            struct restore {
+                struct sigaction& i;
+                struct sigaction& t;
+                ~restore() {
+                    ::sigaction(SIGINT, &i, nullptr);
+                    ::sigaction(SIGTERM, &t, nullptr);
+                }
+            } restore_handlers{old_int, old_term};
             progress_bar bar{"consume"};
             o.progress = [&](const log_progress& p) { bar.update(p); };
             auto r = consume(o);
@@ -329,7 +346,7 @@ void tool::impl::add_builtin_commands() {
             append_kv(out, "batches", s.batches);
             append_kv(out, "inbox_size", snap.inbox_size(consumer));
             append_kv(out, "parked", snap.parked(consumer));
-            append_kv(out, "dead_letters", snap.dead_letters(consumer).size());
+            append_kv(out, "dead_letters", snap.dead_letter_count(consumer));
             out += ",\"checkpoints\":[";
             bool first = true;
             for (const auto& [source, position] : snap.checkpoints(consumer)) {
@@ -405,7 +422,7 @@ void tool::impl::add_builtin_commands() {
         "rebuild aside from the logs and compare every projection with DIR; exit 1 naming the first different row",
         {db_option, log_option, format_option, skip_bad_option, batch_option},
         [this](const arguments& a) {
-            std::filesystem::path db = std::filesystem::absolute(a.required("db")).lexically_normal();
+            const auto db = normalized_dir(a.required("db"));
             require_environment(db);
             rebuild_options o;
             auto aside = db;

@@ -71,12 +71,17 @@ struct rebuild_options : log_run_options {
     std::size_t memory_budget = std::size_t{1} << 30;
 };
 
+/// Returns dir absolute and normalized, without a trailing separator ("data/" -> "/cwd/data").
+std::filesystem::path normalized_dir(const std::filesystem::path& dir);
+
 /// Returns the checkpoint source name of a log file (its absolute path, "log:" prefixed).
 std::string log_source(const std::filesystem::path& log);
 
 /// Rebuilds options.store.path from the logs: builds a fresh environment beside it
 /// ("<path>.rebuild"), syncs it once, and swaps it in with one atomic rename. A rebuild
-/// killed at any point leaves the target untouched; rerunning it starts over.
+/// killed at any point leaves the target untouched; rerunning it starts over. Refuses a
+/// target that exists and is not an environment, and a second rebuild of the same target
+/// while one runs (an flock on "<path>.rebuild.lock", which stays beside it).
 /// Throws std::system_error naming the file and the cause on an I/O or storage failure.
 log_run_result rebuild(const rebuild_options& options);
 
@@ -93,7 +98,9 @@ struct consume_options : log_run_options {
 };
 
 /// Applies the logs to options.store.path, each batch with its log's byte offset as the
-/// checkpoint in the same transaction; a rerun resumes exactly after the last commit.
+/// checkpoint in the same transaction; a rerun resumes exactly after the last commit. A last
+/// record without its end (a writer mid-append) is left for a later run and reported in
+/// the result's `torn`. options.stop is checked after every batch.
 log_run_result consume(const consume_options& options);
 
 /// One projection's rows summarized.

@@ -263,6 +263,8 @@ public:
     std::size_t inbox_size(std::string_view consumer) const;
     /// Returns the number of events a consumer holds parked.
     std::size_t parked(std::string_view consumer) const;
+    /// Returns the number of a consumer's dead letters (without reading them).
+    std::size_t dead_letter_count(std::string_view consumer) const;
     /// Returns a consumer's dead letters in the order they were recorded.
     std::vector<dead_letter> dead_letters(std::string_view consumer) const;
 
