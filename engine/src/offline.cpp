@@ -369,9 +369,8 @@ std::string row_bytes(const snapshot::raw_row_view& r) {
     return out;
 }
 
-std::string describe_row(std::string_view key, const std::string& bytes) {
-    auto v = bytes.substr(0, bytes.find(' '));
-    return "row '" + std::string(key) + "' (version " + v + ")";
+std::string describe_row(const snapshot::raw_row_view& r) {
+    return "row '" + std::string(r.key) + "' (version " + std::to_string(r.version) + ")";
 }
 
 }  // namespace
@@ -382,41 +381,44 @@ comparison compare(const std::filesystem::path& left, const std::filesystem::pat
     auto l = snapshot::open(left);
     auto r = snapshot::open(right);
     for (const auto& name : projections) {
-        std::vector<std::pair<std::string, std::string>> right_rows;
-        projection_digest rd{name, 0, 0xcbf29ce484222325ULL};
-        r.scan_raw(name, [&](const snapshot::raw_row_view& row) {
-            auto bytes = row_bytes(row);
-            rd.digest = fnv1a(fnv1a(rd.digest, row.key), bytes);
-            ++rd.rows;
-            right_rows.emplace_back(std::string(row.key), std::move(bytes));
-        });
+        // Both sides in key order, in step: memory stays flat however large the environments.
         projection_digest ld{name, 0, 0xcbf29ce484222325ULL};
-        l.scan_raw(name, [&](const snapshot::raw_row_view& row) {
-            auto bytes = row_bytes(row);
-            ld.digest = fnv1a(fnv1a(ld.digest, row.key), bytes);
-            auto i = ld.rows++;
-            if (out.first_difference) return;
-            const std::string where = "projection '" + name + "': ";
-            if (i >= right_rows.size()) {
-                out.first_difference = where + describe_row(row.key, bytes) + " is only in " + left.string();
-            } else if (right_rows[i].first != row.key) {
-                const auto& other = right_rows[i].first;
-                out.first_difference = where + (row.key < other ? describe_row(row.key, bytes) + " is only in " + left.string()
-                                                                : describe_row(other, right_rows[i].second) +
-                                                                      " is only in " + right.string());
-            } else if (right_rows[i].second != bytes) {
-                out.first_difference = where + "row '" + std::string(row.key) + "' differs: " + left.string() +
-                                       " has version " + bytes.substr(0, bytes.find(' ')) + ", " + right.string() +
-                                       " has version " + right_rows[i].second.substr(0, right_rows[i].second.find(' ')) +
-                                       (right_rows[i].second.substr(0, right_rows[i].second.find(' ')) ==
-                                                bytes.substr(0, bytes.find(' '))
-                                            ? " (states differ)"
-                                            : "");
+        projection_digest rd{name, 0, 0xcbf29ce484222325ULL};
+        auto lrows = l.read_rows(name);
+        auto rrows = r.read_rows(name);
+        auto a = lrows.next();
+        auto b = rrows.next();
+        const std::string where = "projection '" + name + "': ";
+        auto note = [&](std::string what) {
+            if (!out.first_difference) out.first_difference = where + std::move(what);
+        };
+        while (a || b) {
+            if (a && (!b || a->key < b->key)) {
+                note(describe_row(*a) + " is only in " + left.string());
+            } else if (b && (!a || b->key < a->key)) {
+                note(describe_row(*b) + " is only in " + right.string());
+            } else {
+                const auto lb = row_bytes(*a);
+                const auto rb = row_bytes(*b);
+                if (lb != rb) {
+                    note("row '" + std::string(a->key) + "' differs: " + left.string() + " has version " +
+                         std::to_string(a->version) + ", " + right.string() + " has version " +
+                         std::to_string(b->version) + (a->version == b->version ? " (states differ)" : ""));
+                }
             }
-        });
-        if (!out.first_difference && ld.rows < right_rows.size()) {
-            const auto& [key, bytes] = right_rows[ld.rows];
-            out.first_difference = "projection '" + name + "': " + describe_row(key, bytes) + " is only in " + right.string();
+            // Advance the side(s) holding the smaller key, digesting what is passed.
+            const bool take_a = a && (!b || a->key <= b->key);
+            const bool take_b = b && (!a || b->key <= a->key);
+            if (take_a) {
+                ld.digest = fnv1a(fnv1a(ld.digest, a->key), row_bytes(*a));
+                ++ld.rows;
+                a = lrows.next();
+            }
+            if (take_b) {
+                rd.digest = fnv1a(fnv1a(rd.digest, b->key), row_bytes(*b));
+                ++rd.rows;
+                b = rrows.next();
+            }
         }
         out.left.push_back(ld);
         out.right.push_back(rd);

@@ -976,19 +976,27 @@ std::optional<snapshot::raw_row_view> snapshot::raw_row(std::string_view project
     return raw_row_view{key, r.header.applied, r.header.highest_sequence, r.header.state_version, r.state};
 }
 
-void snapshot::scan_raw(std::string_view projection, const std::function<void(const raw_row_view&)>& fn) const {
+snapshot::row_reader snapshot::read_rows(std::string_view projection) const {
     auto t = table("proj/" + std::string(projection));
     if (!t) throw_error(errc::unknown_projection, "no projection '" + std::string(projection) + "' in '" +
                                                        env_->path().string() + "'");
-    cursor c{txn_, *t};
-    for (auto e = c.first(); e; e = c.next()) {
-        auto k = codec::decode_table_key(e->first);
-        if (!k || !k->is_row) {
-            throw_error(errc::corrupt_record, "unreadable key in projection '" + std::string(projection) + "'");
-        }
-        auto r = codec::decode_row(e->second);
-        fn(raw_row_view{k->aggregate, r.header.applied, r.header.highest_sequence, r.header.state_version, r.state});
-    }
+    return row_reader{cursor{txn_, *t}, std::string(projection)};
+}
+
+std::optional<snapshot::raw_row_view> snapshot::row_reader::next() {
+    auto e = started_ ? cursor_.next() : cursor_.first();
+    started_ = true;
+    if (!e) return std::nullopt;
+    auto k = codec::decode_table_key(e->first);
+    if (!k || !k->is_row) throw_error(errc::corrupt_record, "unreadable key in projection '" + projection_ + "'");
+    key_.assign(k->aggregate);
+    auto r = codec::decode_row(e->second);
+    return raw_row_view{key_, r.header.applied, r.header.highest_sequence, r.header.state_version, r.state};
+}
+
+void snapshot::scan_raw(std::string_view projection, const std::function<void(const raw_row_view&)>& fn) const {
+    auto rows = read_rows(projection);
+    while (auto r = rows.next()) fn(*r);
 }
 
 void snapshot::scan_contributors(std::string_view projection, std::string_view key,

@@ -107,3 +107,33 @@ TEST_CASE("a rebuild that fails leaves the target as it was, and a rebuild equal
     CHECK(idem::snapshot::open(dir / "consumed").stats(consumer).outcomes ==
           idem::snapshot::open(dir / "db").stats(consumer).outcomes);
 }
+
+TEST_CASE("compare walks two environments in step and names the first difference") {
+    temp_dir dir;
+    auto fill = [&](const char* name, const std::vector<std::tuple<std::string, std::string, int>>& events) {
+        idem::store s{options(dir / name)};
+        s.add(totals_by_order());
+        for (const auto& [id, order, amount] : events) s.apply(deliver(line(id, order, amount)));
+    };
+    fill("a", {{"e1", "order-1", 5}, {"e2", "order-2", 7}, {"e3", "order-3", 9}});
+    fill("same", {{"x1", "order-3", 9}, {"x2", "order-1", 5}, {"x3", "order-2", 7}});
+    fill("extra", {{"e1", "order-1", 5}, {"e2", "order-2", 7}, {"e3", "order-3", 9}, {"e4", "order-0", 1}});
+    fill("changed", {{"e1", "order-1", 5}, {"e2", "order-2", 8}, {"e3", "order-3", 9}});
+
+    auto same = idem::compare(dir / "a", dir / "same", {"order-totals"});
+    CHECK_FALSE(same.first_difference.has_value());
+    CHECK(same.left[0].rows == 3);
+    CHECK(same.left[0].digest == same.right[0].digest);
+
+    auto extra = idem::compare(dir / "a", dir / "extra", {"order-totals"});
+    REQUIRE(extra.first_difference.has_value());
+    CHECK(extra.first_difference->find("row 'order-0'") != std::string::npos);
+    CHECK(extra.first_difference->find("only in") != std::string::npos);
+    CHECK(extra.right[0].rows == 4);
+    CHECK(extra.left[0].digest != extra.right[0].digest);
+
+    auto changed = idem::compare(dir / "a", dir / "changed", {"order-totals"});
+    REQUIRE(changed.first_difference.has_value());
+    CHECK(changed.first_difference->find("row 'order-2' differs") != std::string::npos);
+    CHECK(changed.first_difference->find("states differ") != std::string::npos);
+}

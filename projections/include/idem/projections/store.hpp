@@ -242,6 +242,22 @@ public:
     std::optional<raw_row_view> raw_row(std::string_view projection, std::string_view key) const;
     /// Calls fn(raw_row_view) for every row of a projection, in key order.
     void scan_raw(std::string_view projection, const std::function<void(const raw_row_view&)>& fn) const;
+    /// Walks a projection's rows in key order, one next() at a time (two can walk in step).
+    class row_reader {
+    public:
+        /// Returns the next row, or nullopt after the last; its views live until the next call.
+        std::optional<raw_row_view> next();
+
+    private:
+        friend class snapshot;
+        row_reader(cursor c, std::string projection) : cursor_(std::move(c)), projection_(std::move(projection)) {}
+        cursor cursor_;
+        std::string projection_;
+        std::string key_;
+        bool started_ = false;
+    };
+    /// Returns a reader over a projection's rows (throws unknown_projection if it has none).
+    row_reader read_rows(std::string_view projection) const;
     /// Calls fn(effect key) for each effect key in a row's contributing set, oldest first.
     /// Walks the projection's whole contributor log: for diagnostics, not hot paths.
     void scan_contributors(std::string_view projection, std::string_view key,
