@@ -175,6 +175,8 @@ struct prepared_batch::item {
         std::shared_ptr<const void> decoded;
         std::vector<std::string> keys;          // sorted, unique, non-empty
         std::vector<std::string> contributors;  // per key: the contributing-set entry (row + effect key)
+        std::vector<std::uint64_t> contributor_hashes;  // per key: id_log::hash_of(contributor)
+        std::vector<std::uint64_t> key_hashes;          // per key: its hash in the batch's row table
         std::optional<std::string> effect;
         reason failed = reason::none;  // decode_failed, handler_failed (a key function), missing_key
         std::string detail;
@@ -184,6 +186,8 @@ struct prepared_batch::item {
     std::uint64_t line = 0;  // where it was read from a log (0: not from a log)
     std::uint64_t offset = 0;
     std::string message_id;  // the inbox key (set when the envelope parsed)
+    std::uint64_t message_hash = 0;  // id_log::hash_of(message_id)
+    std::uint64_t subject_hash = 0;  // the subject's hash in the batch's stream table
     parse_error err;  // err.why != none: the envelope is rejected as a whole
     envelope ev;
     std::vector<part> parts;  // per projection handling ev.type, in the order projections were added
@@ -259,8 +263,12 @@ void prepare_parts(const store::impl& s, const envelope& ev, std::vector<part>& 
         }
         if (!out.effect && event_id.empty()) event_id = ev.event_id();
         out.contributors.resize(out.keys.size());
+        out.contributor_hashes.resize(out.keys.size());
+        out.key_hashes.resize(out.keys.size());
         for (std::size_t k = 0; k < out.keys.size(); ++k) {
+            out.key_hashes[k] = std::hash<std::string_view>{}(out.keys[k]);
             out.contributors[k] = codec::contributor_key(out.keys[k], out.effect ? *out.effect : event_id);
+            out.contributor_hashes[k] = id_log::hash_of(out.contributors[k]);
         }
     }
     parts.resize(used);
@@ -280,6 +288,8 @@ void prepare_item(const store::impl& s, const delivery& d, prepared_batch::item&
     }
     if (parser.parse(out.body, out.ev, out.err)) {
         out.message_id = out.transport_id.empty() ? out.ev.message_id() : transport_message_id(out.transport_id);
+        out.message_hash = id_log::hash_of(out.message_id);
+        out.subject_hash = std::hash<std::string_view>{}(out.ev.subject);
         prepare_parts(s, out.ev, out.parts);
     } else {
         out.parts.clear();
@@ -301,9 +311,12 @@ public:
         V value{};
     };
 
+    /// Returns the hash try_emplace uses for key.
+    static std::uint64_t hash_of(std::string_view key) noexcept { return std::hash<std::string_view>{}(key); }
     /// Returns the entry for key, inserting a default value if absent; and whether it was inserted.
-    std::pair<entry*, bool> try_emplace(std::string_view key) {
-        const auto hash = std::hash<std::string_view>{}(key);
+    std::pair<entry*, bool> try_emplace(std::string_view key) { return try_emplace(key, hash_of(key)); }
+    /// The same with key's hash computed ahead.
+    std::pair<entry*, bool> try_emplace(std::string_view key, std::uint64_t hash) {
         if (!slots_.empty()) {
             const std::size_t mask = slots_.size() - 1;
             for (auto i = static_cast<std::size_t>(hash) & mask; slots_[i] != 0; i = (i + 1) & mask) {
@@ -324,6 +337,12 @@ public:
     void clear() {
         entries_.clear();
         slots_.clear();
+    }
+    /// Asks the CPU to bring hash's slot, and the entry it holds now, into cache.
+    void prefetch(std::uint64_t hash) const noexcept {
+        if (slots_.empty()) return;
+        const auto slot = slots_[static_cast<std::size_t>(hash) & (slots_.size() - 1)];
+        if (slot != 0) __builtin_prefetch(&entries_[slot - 1]);
     }
     std::deque<entry>& entries() noexcept { return entries_; }
 
@@ -355,6 +374,18 @@ public:
     void read_from(const std::optional<checkpoint>& at) { source_ = at ? at->source : std::string(); }
     /// Forgets the last delivery (its prepared batch may be reused after the call).
     void delivered() noexcept { current_ = nullptr; }
+    /// Brings the index slots a later deliver(d) will probe into cache (hashes are prepared).
+    void prefetch(const prepared_batch::item& d) const noexcept {
+        if (d.err.why != reason::none) return;
+        s_.ids->prefetch(d.message_hash);
+        if (d.ev.sequence) streams_.prefetch(d.subject_hash);
+        for (const auto& pt : d.parts) {
+            for (auto h : pt.contributor_hashes) s_.contributors[pt.projection]->prefetch(h);
+            if (pt.projection < rows_.size()) {
+                for (auto h : pt.key_hashes) rows_[pt.projection].prefetch(h);
+            }
+        }
+    }
     void finish(const std::optional<checkpoint>& at, std::uint64_t commit);
     /// Bulk builds: writes what the batch holds so far (ids, effect keys, dead letters) into the
     /// transaction, and the rows too when they exceed budget bytes (then forgets them).
@@ -373,6 +404,7 @@ private:
         row_slot* slot;
         std::unique_ptr<detail::state_box> state;
         const std::string* contributor;
+        std::uint64_t contributor_hash;
         bool own_stream;
     };
 
@@ -382,8 +414,7 @@ private:
                               const std::vector<part>* parts);
     void release_parked(const std::string& subject);
     outcome dead(reason why, std::string detail, std::string_view message_id, std::string_view body);
-    row_slot& load_row(std::size_t p, const std::string& key);
-    bool has_contributor(std::size_t p, const std::string& contributor_key) const;
+    row_slot& load_row(std::size_t p, const std::string& key, std::uint64_t hash);
     struct stream_state {
         std::uint64_t highest = 0;
         bool dirty = false;
@@ -435,7 +466,7 @@ outcome batch_run::deliver(const prepared_batch::item& d) {
     }
     const auto& ev = d.ev;
     const auto& message_id = d.message_id;
-    if (!s_.ids->stage_if_new(txn_, message_id, time_ns_)) {
+    if (!s_.ids->stage_if_new(txn_, message_id, time_ns_, d.message_hash)) {
         return outcome{outcome_kind::duplicate_message, reason::none,
                        describe(ev) + ": message '" + truncate(message_id.substr(1)) + "' already processed", 0};
     }
@@ -561,10 +592,10 @@ outcome batch_run::apply_projections(const envelope& ev, std::string_view messag
                                 " bytes) exceeds LMDB's " + std::to_string(limit) + "-byte key limit",
                             message_id, body);
             }
-            auto& slot = load_row(p, key);
+            auto& slot = load_row(p, key, pt.key_hashes[k]);
             const bool own_stream = ev.sequence && key == ev.subject;
             if (own_stream && *ev.sequence <= slot.header.highest_sequence) continue;
-            if (has_contributor(p, contributor)) continue;
+            if (s_.contributors[p]->contains(txn_, contributor, pt.contributor_hashes[k])) continue;
             auto copy = slot.state->clone();
             m.key = key;
             try {
@@ -575,7 +606,7 @@ outcome batch_run::apply_projections(const envelope& ev, std::string_view messag
                                 "': handler threw: " + e.what(),
                             message_id, body);
             }
-            staged.push_back(staged_change{p, &slot, std::move(copy), &contributor, own_stream});
+            staged.push_back(staged_change{p, &slot, std::move(copy), &contributor, pt.contributor_hashes[k], own_stream});
         }
     }
     if (!handled) {
@@ -595,14 +626,14 @@ outcome batch_run::apply_projections(const envelope& ev, std::string_view messag
         c.slot->header.applied += 1;
         if (c.own_stream) c.slot->header.highest_sequence = std::max(c.slot->header.highest_sequence, *ev.sequence);
         c.slot->dirty = true;
-        s_.contributors[c.projection]->stage(*c.contributor, time_ns_);
+        s_.contributors[c.projection]->stage(*c.contributor, time_ns_, c.contributor_hash);
     }
     return outcome{outcome_kind::applied, reason::none, {}, 0};
 }
 
-batch_run::row_slot& batch_run::load_row(std::size_t p, const std::string& key) {
+batch_run::row_slot& batch_run::load_row(std::size_t p, const std::string& key, std::uint64_t hash) {
     if (rows_.size() <= p) rows_.resize(s_.projections.size());
-    auto [entry, inserted] = rows_[p].try_emplace(key);
+    auto [entry, inserted] = rows_[p].try_emplace(key, hash);
     auto& slot = entry->value;
     if (!inserted) return slot;
     row_bytes_ += 2 * key.size() + 192;
@@ -616,10 +647,6 @@ batch_run::row_slot& batch_run::load_row(std::size_t p, const std::string& key) 
         slot.state = proj.make_state();
     }
     return slot;
-}
-
-bool batch_run::has_contributor(std::size_t p, const std::string& contributor_key) const {
-    return s_.contributors[p]->contains(txn_, contributor_key);
 }
 
 batch_run::stream_state& batch_run::stream(const std::string& subject) {
@@ -747,7 +774,10 @@ std::vector<outcome> store::impl::run(const prepared_batch& prepared, const std:
     run.stats = decode_stats(txn.get(meta, stats_key(options.consumer)));
     std::vector<outcome> outcomes;
     outcomes.reserve(batch.size());
-    for (const auto& d : batch) {
+    constexpr std::size_t ahead = 8;  // deliveries whose index slots are fetched while earlier ones apply
+    for (std::size_t i = 0; i < batch.size(); ++i) {
+        if (i + ahead < batch.size()) run.prefetch(batch[i + ahead]);
+        const auto& d = batch[i];
         outcomes.push_back(run.deliver(d));
         outcomes.back().commit = commit;
         ++run.stats.outcomes[static_cast<std::size_t>(outcomes.back().kind)];
@@ -765,7 +795,10 @@ std::vector<outcome> store::impl::run_bulk(const prepared_batch& prepared, const
     std::vector<outcome> outcomes;
     outcomes.reserve(batch.size());
     bulk->read_from(at);
-    for (const auto& d : batch) {
+    constexpr std::size_t ahead = 8;
+    for (std::size_t i = 0; i < batch.size(); ++i) {
+        if (i + ahead < batch.size()) bulk->prefetch(batch[i + ahead]);
+        const auto& d = batch[i];
         outcomes.push_back(bulk->deliver(d));
         outcomes.back().commit = bulk_commit;
         ++bulk->stats.outcomes[static_cast<std::size_t>(outcomes.back().kind)];

@@ -76,7 +76,16 @@ bool id_log::contains(const txn_base& txn, std::string_view id) const {
 }
 
 bool id_log::stage_if_new(const txn_base& txn, std::string_view id, std::uint64_t time_ns) {
-    auto hash = hash_of(id);
+    return stage_if_new(txn, id, time_ns, hash_of(id));
+}
+
+bool id_log::contains(const txn_base& txn, std::string_view id, std::uint64_t hash) const {
+    return staged(id, hash) || indexed(txn, id, hash);
+}
+
+void id_log::stage(std::string_view id, std::uint64_t time_ns, std::uint64_t hash) { stage_hashed(id, time_ns, hash); }
+
+bool id_log::stage_if_new(const txn_base& txn, std::string_view id, std::uint64_t time_ns, std::uint64_t hash) {
     if (staged(id, hash) || indexed(txn, id, hash)) return false;
     stage_hashed(id, time_ns, hash);
     return true;

@@ -41,6 +41,19 @@ public:
     void stage(std::string_view id, std::uint64_t time_ns);
     /// Stages id unless it is recorded or staged already; returns whether it was new (one hash, one probe).
     bool stage_if_new(const txn_base& txn, std::string_view id, std::uint64_t time_ns);
+
+    // The same with the id's hash computed ahead (hash_of), e.g. on another thread, and a
+    // prefetch of where a lookup of that hash will probe: a writer looking a few ids ahead
+    // overlaps the cache misses of a large index.
+    /// Returns the hash the index uses for id.
+    static std::uint64_t hash_of(std::string_view id) noexcept;
+    bool contains(const txn_base& txn, std::string_view id, std::uint64_t hash) const;
+    void stage(std::string_view id, std::uint64_t time_ns, std::uint64_t hash);
+    bool stage_if_new(const txn_base& txn, std::string_view id, std::uint64_t time_ns, std::uint64_t hash);
+    /// Asks the CPU to bring the index slot for hash into cache.
+    void prefetch(std::uint64_t hash) const noexcept {
+        if (!slots_.empty()) __builtin_prefetch(&slots_[static_cast<std::size_t>(hash) & (slots_.size() - 1)]);
+    }
     /// Appends the staged ids to the log inside txn.
     void write(write_txn& txn);
     /// Merges the staged ids into the index; call only after the commit succeeded.
@@ -63,7 +76,6 @@ private:
         std::uint64_t time_ns = 0;
         std::uint64_t hash = 0;
     };
-    static std::uint64_t hash_of(std::string_view id) noexcept;
     void insert(std::uint64_t hash, std::uint64_t position);
     void rebuild(const txn_base& txn);
     bool indexed(const txn_base& txn, std::string_view id, std::uint64_t hash) const;
