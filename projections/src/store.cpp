@@ -128,9 +128,7 @@ struct store::impl {
     // A bulk build (begin_bulk .. end_bulk): one transaction and one batch_run across apply() calls.
     std::unique_ptr<write_txn> bulk_txn;
     std::unique_ptr<batch_run> bulk;
-    std::uint64_t bulk_commit = 0;
     std::size_t bulk_budget = 0;
-    std::map<std::string, std::uint64_t> bulk_checkpoints;
 
     std::vector<outcome> run(const prepared_batch& batch, const std::optional<checkpoint>& at);
     std::vector<outcome> run_bulk(const prepared_batch& batch, const std::optional<checkpoint>& at);
@@ -364,16 +362,23 @@ private:
 // The state of one batch while it is being applied; written out at the end, in key order.
 class batch_run {
 public:
+    /// Starts on a fresh write transaction: catches the id indexes up with other writers and
+    /// reads the consumer's counters and the number this batch will commit as.
     batch_run(store::impl& s, write_txn& txn) : s_(s), txn_(txn) {
+        s_.ids->catch_up(txn_);
+        for (auto& c : s_.contributors) c->catch_up(txn_);
+        if (auto v = txn_.get(s_.meta, commit_key); v && v->size() >= 8) commit_ = codec::get_u64_le(*v) + 1;
+        stats = decode_stats(txn_.get(s_.meta, stats_key(s_.options.consumer)));
         cursor c{txn_, s_.parked};
         parked_possible_ = c.first().has_value();
     }
 
-    outcome deliver(const prepared_batch::item& d);
-    /// Names the source the next deliveries were read from (a checkpoint source), for dead letters.
-    void read_from(const std::optional<checkpoint>& at) { source_ = at ? at->source : std::string(); }
-    /// Forgets the last delivery (its prepared batch may be reused after the call).
-    void delivered() noexcept { current_ = nullptr; }
+    /// Applies deliveries in order and returns their outcomes; at, if given, is where they were
+    /// read from (dead letters name it) and becomes the source's checkpoint at finish().
+    std::vector<outcome> deliver_all(const std::vector<prepared_batch::item>& batch,
+                                     const std::optional<checkpoint>& at);
+    /// Returns the commit number the batch's outcomes carry.
+    std::uint64_t commit() const noexcept { return commit_; }
     /// Brings the index slots a later deliver(d) will probe into cache (hashes are prepared).
     void prefetch(const prepared_batch::item& d) const noexcept {
         if (d.err.why != reason::none) return;
@@ -386,7 +391,8 @@ public:
             }
         }
     }
-    void finish(const std::optional<checkpoint>& at, std::uint64_t commit);
+    /// Writes everything the batch holds into the transaction (the caller commits).
+    void finish();
     /// Bulk builds: writes what the batch holds so far (ids, effect keys, dead letters) into the
     /// transaction, and the rows too when they exceed budget bytes (then forgets them).
     void spill(std::size_t budget);
@@ -408,6 +414,7 @@ private:
         bool own_stream;
     };
 
+    outcome deliver(const prepared_batch::item& d);
     outcome process(const envelope& ev, std::string_view message_id, std::string_view body,
                     const std::vector<part>& parts);
     outcome apply_projections(const envelope& ev, std::string_view message_id, std::string_view body,
@@ -436,6 +443,8 @@ private:
     std::size_t row_bytes_ = 0;  // an estimate of the memory rows_ holds
     const prepared_batch::item* current_ = nullptr;  // the delivery being applied (null: a released parked event)
     std::string source_;                              // where the batch was read from, if from a log
+    std::map<std::string, std::uint64_t> checkpoints_;  // source -> position, written at finish()
+    std::uint64_t commit_ = 1;
 };
 
 outcome batch_run::dead(reason why, std::string detail, std::string_view message_id, std::string_view body) {
@@ -724,7 +733,24 @@ void batch_run::spill(std::size_t budget) {
     }
 }
 
-void batch_run::finish(const std::optional<checkpoint>& at, std::uint64_t commit) {
+std::vector<outcome> batch_run::deliver_all(const std::vector<prepared_batch::item>& batch,
+                                            const std::optional<checkpoint>& at) {
+    source_ = at ? at->source : std::string();
+    std::vector<outcome> outcomes;
+    outcomes.reserve(batch.size());
+    constexpr std::size_t ahead = 8;  // deliveries whose index slots are fetched while earlier ones apply
+    for (std::size_t i = 0; i < batch.size(); ++i) {
+        if (i + ahead < batch.size()) prefetch(batch[i + ahead]);
+        outcomes.push_back(deliver(batch[i]));
+        outcomes.back().commit = commit_;
+        ++stats.outcomes[static_cast<std::size_t>(outcomes.back().kind)];
+    }
+    current_ = nullptr;  // the caller may reuse the batch's items once this returns
+    if (at) checkpoints_[at->source] = at->position;
+    return outcomes;
+}
+
+void batch_run::finish() {
     std::string value;
     write_rows();
     for (auto& c : s_.contributors) c->write(txn_);
@@ -747,43 +773,26 @@ void batch_run::finish(const std::optional<checkpoint>& at, std::uint64_t commit
             txn_.del(s_.parked, key);
         }
     }
-    if (at) {
+    for (const auto& [source, position] : checkpoints_) {
         value.clear();
-        codec::put_u64_le(value, at->position);
-        txn_.put(s_.checkpoints, at->source, value);
+        codec::put_u64_le(value, position);
+        txn_.put(s_.checkpoints, source, value);
     }
     stats.batches += 1;
     txn_.put(s_.meta, stats_key(s_.options.consumer), encode_stats(stats));
     value.clear();
-    codec::put_u64_le(value, commit);
+    codec::put_u64_le(value, commit_);
     txn_.put(s_.meta, commit_key, value);
 }
 
 }  // namespace
 
 std::vector<outcome> store::impl::run(const prepared_batch& prepared, const std::optional<checkpoint>& at) {
-    const auto& batch = prepared.items_;
     write_txn txn{*env};
-    ids->catch_up(txn);
-    for (auto& c : contributors) c->catch_up(txn);
-    std::uint64_t commit = 1;
-    if (auto v = txn.get(meta, commit_key); v && v->size() >= 8) commit = codec::get_u64_le(*v) + 1;
-
     batch_run run{*this, txn};
-    run.read_from(at);
-    run.stats = decode_stats(txn.get(meta, stats_key(options.consumer)));
-    std::vector<outcome> outcomes;
-    outcomes.reserve(batch.size());
-    constexpr std::size_t ahead = 8;  // deliveries whose index slots are fetched while earlier ones apply
-    for (std::size_t i = 0; i < batch.size(); ++i) {
-        if (i + ahead < batch.size()) run.prefetch(batch[i + ahead]);
-        const auto& d = batch[i];
-        outcomes.push_back(run.deliver(d));
-        outcomes.back().commit = commit;
-        ++run.stats.outcomes[static_cast<std::size_t>(outcomes.back().kind)];
-    }
-    run.finish(at, commit);
-    if (options.before_commit) options.before_commit(commit);
+    auto outcomes = run.deliver_all(prepared.items_, at);
+    run.finish();
+    if (options.before_commit) options.before_commit(run.commit());
     txn.commit();
     ids->committed();
     for (auto& c : contributors) c->committed();
@@ -791,20 +800,7 @@ std::vector<outcome> store::impl::run(const prepared_batch& prepared, const std:
 }
 
 std::vector<outcome> store::impl::run_bulk(const prepared_batch& prepared, const std::optional<checkpoint>& at) {
-    const auto& batch = prepared.items_;
-    std::vector<outcome> outcomes;
-    outcomes.reserve(batch.size());
-    bulk->read_from(at);
-    constexpr std::size_t ahead = 8;
-    for (std::size_t i = 0; i < batch.size(); ++i) {
-        if (i + ahead < batch.size()) bulk->prefetch(batch[i + ahead]);
-        const auto& d = batch[i];
-        outcomes.push_back(bulk->deliver(d));
-        outcomes.back().commit = bulk_commit;
-        ++bulk->stats.outcomes[static_cast<std::size_t>(outcomes.back().kind)];
-    }
-    bulk->delivered();  // the batch's items may be reused by the caller once this returns
-    if (at) bulk_checkpoints[at->source] = at->position;
+    auto outcomes = bulk->deliver_all(prepared.items_, at);
     bulk->spill(bulk_budget);
     return outcomes;
 }
@@ -812,7 +808,6 @@ std::vector<outcome> store::impl::run_bulk(const prepared_batch& prepared, const
 void store::impl::abandon_bulk() {
     bulk.reset();
     bulk_txn.reset();  // aborts
-    bulk_checkpoints.clear();
     rolled_back();
     open_tables();  // the id indexes learned uncommitted ids: rebuild them from disk
 }
@@ -825,12 +820,7 @@ void store::begin_bulk(std::size_t memory_budget) {
     if (s.bulk) throw_error(errc::invalid_argument, "begin_bulk: a bulk build is already running");
     s.bulk_txn = std::make_unique<write_txn>(*s.env);
     try {
-        s.ids->catch_up(*s.bulk_txn);
-        for (auto& c : s.contributors) c->catch_up(*s.bulk_txn);
-        s.bulk_commit = 1;
-        if (auto v = s.bulk_txn->get(s.meta, commit_key); v && v->size() >= 8) s.bulk_commit = codec::get_u64_le(*v) + 1;
         s.bulk = std::make_unique<batch_run>(s, *s.bulk_txn);
-        s.bulk->stats = decode_stats(s.bulk_txn->get(s.meta, stats_key(s.options.consumer)));
         s.bulk_budget = memory_budget;
     } catch (...) {
         s.abandon_bulk();
@@ -842,14 +832,8 @@ void store::end_bulk() {
     auto& s = *impl_;
     if (!s.bulk) throw_error(errc::invalid_argument, "end_bulk: no bulk build is running");
     try {
-        std::string value;
-        for (const auto& [source, position] : s.bulk_checkpoints) {
-            value.clear();
-            codec::put_u64_le(value, position);
-            s.bulk_txn->put(s.checkpoints, source, value);
-        }
-        s.bulk->finish(std::nullopt, s.bulk_commit);
-        if (s.options.before_commit) s.options.before_commit(s.bulk_commit);
+        s.bulk->finish();
+        if (s.options.before_commit) s.options.before_commit(s.bulk->commit());
         s.bulk_txn->commit();
     } catch (...) {
         s.abandon_bulk();
@@ -859,7 +843,6 @@ void store::end_bulk() {
     for (auto& c : s.contributors) c->committed();
     s.bulk.reset();
     s.bulk_txn.reset();
-    s.bulk_checkpoints.clear();
 }
 
 store::store(store_options options) : impl_(std::make_unique<impl>()) {
