@@ -259,7 +259,7 @@ log_run_result build(const rebuild_options& options) {
         result.stats = s.read().stats(so.consumer);
         s.env()->sync(true);
     }
-    fsync_dir(std::filesystem::absolute(dir).parent_path());
+    fsync_dir(normalized_dir(dir).parent_path());
     return result;
 }
 

@@ -136,6 +136,15 @@ std::string summary_line(std::string_view what, const log_run_result& r) {
     return line;
 }
 
+/// Prints a run's summary line on stderr and its JSON on stdout; returns the exit status.
+int report_run(const std::string& what, const log_run_result& r) {
+    std::fprintf(stderr, "%s\n", summary_line(what, r).c_str());
+    output out;
+    out.write(run_json(r));
+    out.flush();
+    return 0;
+}
+
 std::optional<log_format> parse_format(const arguments& a) {
     auto v = a.get("format");
     if (!v) return std::nullopt;
@@ -211,6 +220,19 @@ struct tool::impl {
         out += "}\n";
     }
 
+    /// Fills what rebuild, consume and verify share from their options: the store at db, the
+    /// logs and their format, the projections, the batch size, and progress shown on bar.
+    void log_run_from(const arguments& a, const std::filesystem::path& db, log_run_options& o,
+                      progress_bar& bar) const {
+        o.store = store_for(db);
+        for (const auto& l : a.all("log")) o.logs.emplace_back(l);
+        o.setup = setup();
+        o.format = parse_format(a);
+        o.skip_bad = a.flag("skip-bad");
+        o.batch = static_cast<std::size_t>(std::max<std::uint64_t>(1, a.number("batch", o.batch)));
+        o.progress = [&bar](const log_progress& p) { bar.update(p); };
+    }
+
     void add_builtin_commands();
     int usage(std::FILE* to) const;
     int help(const command& c, std::FILE* to) const;
@@ -224,24 +246,14 @@ void tool::impl::add_builtin_commands() {
          {"memory", "MB", "rows are aggregated in memory up to about this much, then written (default 1024)"}},
         [this](const arguments& a) {
             rebuild_options o;
-            o.store = store_for(a.required("db"));
+            progress_bar bar{"rebuild"};
+            log_run_from(a, a.required("db"), o, bar);
             const auto mb = a.number("memory", 1024);
             if (mb > (std::uint64_t{1} << 40)) throw usage_error("option '--memory': " + std::to_string(mb) + " MB is too large");
             o.memory_budget = static_cast<std::size_t>(mb) << 20;
-            for (const auto& l : a.all("log")) o.logs.emplace_back(l);
-            o.setup = setup();
-            o.format = parse_format(a);
-            o.skip_bad = a.flag("skip-bad");
-            o.batch = static_cast<std::size_t>(std::max<std::uint64_t>(1, a.number("batch", o.batch)));
-            progress_bar bar{"rebuild"};
-            o.progress = [&](const log_progress& p) { bar.update(p); };
             auto r = rebuild(o);
             bar.finish();
-            std::fprintf(stderr, "%s\n", summary_line("rebuilt " + o.store.path.string(), r).c_str());
-            output out;
-            out.write(run_json(r));
-            out.flush();
-            return 0;
+            return report_run("rebuilt " + o.store.path.string(), r);
         }});
     commands.push_back(command{
         "consume",
@@ -251,13 +263,10 @@ void tool::impl::add_builtin_commands() {
          {"durability", "full|periodic|none", "fsync policy (default full: a commit is on disk before the next)"}},
         [this](const arguments& a) {
             consume_options o;
-            o.store = store_for(a.required("db"));
+            progress_bar bar{"consume"};
+            o.batch = 1000;  // the live path commits (and syncs) more often than a rebuild
+            log_run_from(a, a.required("db"), o, bar);
             o.store.sync = parse_durability(a);
-            for (const auto& l : a.all("log")) o.logs.emplace_back(l);
-            o.setup = setup();
-            o.format = parse_format(a);
-            o.skip_bad = a.flag("skip-bad");
-            o.batch = static_cast<std::size_t>(std::max<std::uint64_t>(1, a.number("batch", 1000)));
             o.follow = a.flag("follow");
             o.stop = &stop_requested;
             // The first Ctrl-C or SIGTERM stops after the batch in hand (committed with its
@@ -279,15 +288,9 @@ void tool::impl::add_builtin_commands() {
                     ::sigaction(SIGTERM, &t, nullptr);
                 }
             } restore_handlers{old_int, old_term};
-            progress_bar bar{"consume"};
-            o.progress = [&](const log_progress& p) { bar.update(p); };
             auto r = consume(o);
             bar.finish();
-            std::fprintf(stderr, "%s\n", summary_line("consumed into " + o.store.path.string(), r).c_str());
-            output out;
-            out.write(run_json(r));
-            out.flush();
-            return 0;
+            return report_run("consumed into " + o.store.path.string(), r);
         }});
     commands.push_back(command{
         "get",
@@ -424,18 +427,12 @@ void tool::impl::add_builtin_commands() {
         [this](const arguments& a) {
             const auto db = normalized_dir(a.required("db"));
             require_environment(db);
-            rebuild_options o;
             auto aside = db;
             aside += ".verify-" + std::to_string(::getpid());
             std::filesystem::remove_all(aside);
-            o.store = store_for(aside);
-            for (const auto& l : a.all("log")) o.logs.emplace_back(l);
-            o.setup = setup();
-            o.format = parse_format(a);
-            o.skip_bad = a.flag("skip-bad");
-            o.batch = static_cast<std::size_t>(std::max<std::uint64_t>(1, a.number("batch", o.batch)));
+            rebuild_options o;
             progress_bar bar{"verify"};
-            o.progress = [&](const log_progress& p) { bar.update(p); };
+            log_run_from(a, aside, o, bar);
             comparison c;
             try {
                 build(o);
