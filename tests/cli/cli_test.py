@@ -55,6 +55,13 @@ class cli_case(unittest.TestCase):
             args += ["--" + k, v]
         return json.loads(run(*args).stdout)
 
+    def kill_at_random(self, args, rng, lo, hi):
+        """Starts idem with args and SIGKILLs it after a random lo..hi seconds."""
+        p = subprocess.Popen([IDEM, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(rng.uniform(lo, hi))
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+
     def dump(self, db, projection):
         return run("dump", "--db", db, "--projection", projection).stdout
 
@@ -222,11 +229,7 @@ class rebuild_test(cli_case):
         new = self.dump(ref, "positions")
         rng = random.Random(11)
         for _ in range(5):
-            p = subprocess.Popen([IDEM, "rebuild", "--db", db, "--log", self.path("new.jsonl"), "--batch", "500"],
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            time.sleep(rng.uniform(0.0, 0.6))
-            p.send_signal(signal.SIGKILL)
-            p.wait()
+            self.kill_at_random(["rebuild", "--db", db, "--log", self.path("new.jsonl"), "--batch", "500"], rng, 0.0, 0.6)
             self.assertIn(self.dump(db, "positions"), (old, new))
         run("rebuild", "--db", db, "--log", self.path("new.jsonl"), "--batch", "500")
         self.assertEqual(self.dump(db, "positions"), new)
@@ -351,11 +354,7 @@ class consume_test(cli_case):
         db = self.path("db")
         rng = random.Random(5)
         for _ in range(6):
-            p = subprocess.Popen([IDEM, "consume", "--db", db, "--log", self.path("fills.jsonl"), "--batch", "200"],
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            time.sleep(rng.uniform(0.05, 0.5))
-            p.send_signal(signal.SIGKILL)
-            p.wait()
+            self.kill_at_random(["consume", "--db", db, "--log", self.path("fills.jsonl"), "--batch", "200"], rng, 0.05, 0.5)
         run("consume", "--db", db, "--log", self.path("fills.jsonl"), "--batch", "200")
         self.assert_outcomes(self.stats(db)["outcomes"], expected)
         run("rebuild", "--db", self.path("ref"), "--log", self.path("fills.jsonl"))
