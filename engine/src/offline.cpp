@@ -1,5 +1,6 @@
 #include <idem/engine/offline.hpp>
 
+#include <idem/storage/crash_point.hpp>
 #include <idem/storage/error.hpp>
 
 #include <fcntl.h>
@@ -329,6 +330,7 @@ log_run_result rebuild(const rebuild_options& options) {
     }
 
     // Swap in one rename: the target is the old or the new environment, never a mix.
+    crash_point("during_swap");
     if (!std::filesystem::exists(target)) {
         std::filesystem::rename(fresh, target);
     } else if (::renameat2(AT_FDCWD, fresh.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) != 0) {
@@ -336,6 +338,7 @@ log_run_result rebuild(const rebuild_options& options) {
                                 "cannot swap " + fresh.string() + " into " + target.string());
     }
     fsync_dir(target.parent_path());
+    crash_point("after_swap");
     std::filesystem::remove_all(fresh);  // now the previous environment
     return result;
 }

@@ -1,5 +1,6 @@
 #include <idem/projections/store.hpp>
 
+#include <idem/storage/crash_point.hpp>
 #include <idem/storage/codec.hpp>
 #include <idem/storage/id_log.hpp>
 
@@ -741,6 +742,7 @@ std::vector<outcome> batch_run::deliver_all(const std::vector<prepared_batch::it
     constexpr std::size_t ahead = 8;  // deliveries whose index slots are fetched while earlier ones apply
     for (std::size_t i = 0; i < batch.size(); ++i) {
         if (i + ahead < batch.size()) prefetch(batch[i + ahead]);
+        if (i == batch.size() / 2 && i != 0) crash_point("mid_batch");
         outcomes.push_back(deliver(batch[i]));
         outcomes.back().commit = commit_;
         ++stats.outcomes[static_cast<std::size_t>(outcomes.back().kind)];
@@ -788,12 +790,15 @@ void batch_run::finish() {
 }  // namespace
 
 std::vector<outcome> store::impl::run(const prepared_batch& prepared, const std::optional<checkpoint>& at) {
+    crash_point("after_decode");
     write_txn txn{*env};
     batch_run run{*this, txn};
     auto outcomes = run.deliver_all(prepared.items_, at);
     run.finish();
     if (options.before_commit) options.before_commit(run.commit());
+    crash_point("before_commit");
     txn.commit();
+    crash_point("after_commit");
     ids->committed();
     for (auto& c : contributors) c->committed();
     return outcomes;
@@ -834,7 +839,9 @@ void store::end_bulk() {
     try {
         s.bulk->finish();
         if (s.options.before_commit) s.options.before_commit(s.bulk->commit());
+        crash_point("before_commit");
         s.bulk_txn->commit();
+        crash_point("after_commit");
     } catch (...) {
         s.abandon_bulk();
         throw;

@@ -1,5 +1,7 @@
 #include <idem/storage/lmdb.hpp>
 
+#include <idem/storage/crash_point.hpp>
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -226,6 +228,7 @@ void environment::grow() {
     if (map_size() != size) {
         return;  // another thread grew it meanwhile
     }
+    crash_point("during_map_resize");
     if (int rc = mdb_env_set_mapsize(env_, std::min(size * 2, options_.max_map_size)); rc != 0) {
         throw_lmdb(rc, "cannot grow the map of " + describe(path_));
     }

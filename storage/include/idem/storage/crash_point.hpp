@@ -1,0 +1,38 @@
+#pragma once
+
+// Named crash points: places in the apply path where a test can have the process killed
+// (SIGKILL, as a power cut or the OOM killer would) on the Nth time it passes there.
+//
+// A point is armed only by the environment variable IDEM_CRASH_AT=<name>:<N> (for
+// example IDEM_CRASH_AT=before_commit:3), read once per process; unarmed, a point costs
+// one predictable branch. Every build has them, so a crash test drives the binaries a
+// user runs, not a special build.
+//
+// The points (docs/DESIGN.md, "Crash points"):
+//   after_decode       a batch is parsed and decoded, nothing of it is applied yet
+//   mid_batch          half of a batch's deliveries are applied in the open transaction
+//   before_commit      the transaction is complete and not yet committed
+//   after_commit       committed (and synced) but not yet acknowledged or reported
+//   during_prune       an inbox/contributor prune transaction has deleted some entries
+//   during_map_resize  the map is being grown (before mdb_env_set_mapsize)
+//   during_swap        a rebuild is complete beside its target, about to be swapped in
+//   after_swap         the rebuild was swapped in, the previous environment not yet removed
+
+#include <string_view>
+
+namespace idem {
+
+namespace detail {
+/// Whether IDEM_CRASH_AT is set in this process (read once).
+bool crash_points_armed() noexcept;
+/// Counts a hit of name and kills the process if it is the armed point's Nth.
+void crash_point_hit(std::string_view name) noexcept;
+}  // namespace detail
+
+/// Passes the named crash point: kills the process with SIGKILL if IDEM_CRASH_AT names it
+/// and this is its Nth hit; does nothing otherwise.
+inline void crash_point(std::string_view name) noexcept {
+    if (detail::crash_points_armed()) detail::crash_point_hit(name);
+}
+
+}  // namespace idem
