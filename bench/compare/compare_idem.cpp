@@ -1,0 +1,230 @@
+// compare_idem: idem's variants of the side-by-side comparison (see compare.hpp).
+//
+//   live-1, live-16, live-256   the engine (one writer, group commit), durability::full,
+//                               that many closed-loop submitters sharing one log reader
+//   rebuild-binary, rebuild-jsonl  idem::rebuild from the binary log / from JSON Lines
+//   hot-row                     the apply cost of a row with many contributors against
+//                               a row with 10 (a figure, not the workload)
+
+#include "compare.hpp"
+
+#include <idem/engine/offline.hpp>
+#include <idem/idem.hpp>
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <system_error>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+namespace {
+
+namespace asio = boost::asio;
+using namespace idem_compare;
+using idem_bench::clock_type;
+
+constexpr const char* consumer = "order-projector";
+
+double seconds_since(clock_type::time_point start) {
+    return std::chrono::duration<double>(clock_type::now() - start).count();
+}
+
+std::uint64_t file_size_or_zero(const std::filesystem::path& p) {
+    std::error_code ec;
+    auto size = std::filesystem::file_size(p, ec);
+    return ec ? 0 : size;
+}
+
+// --- live ------------------------------------------------------------------------
+
+struct live_state {
+    live_state(const std::filesystem::path& log, std::uint64_t max) : reader(log), limit(max) {}
+
+    idem::log_reader reader;
+    idem::log_record record;
+    std::uint64_t limit = 0;
+    std::uint64_t submitted = 0;
+    std::uint64_t applied = 0;
+    std::uint64_t duplicates = 0;
+    std::uint64_t other = 0;
+    std::error_code failure;
+
+    // The io_context runs on one thread: submitters take records in turn without a lock.
+    bool take(idem::delivery& d) {
+        if (limit != 0 && submitted == limit) return false;
+        if (!reader.next(record)) return false;
+        ++submitted;
+        d.body.assign(record.body);
+        d.message_id.clear();  // the envelope's msgid is the message id
+        return true;
+    }
+};
+
+asio::awaitable<void> submitter(idem::engine& engine, live_state& s) {
+    for (;;) {
+        idem::delivery d;
+        if (!s.take(d)) co_return;
+        // Named result, no structured binding over the co_await (GCC 12 coroutine bugs).
+        auto result = co_await engine.async_apply(std::move(d), asio::use_awaitable);
+        const auto& ec = std::get<0>(result);
+        const auto& out = std::get<1>(result);
+        if (ec) {
+            s.failure = ec;
+        } else if (out.kind == idem::outcome_kind::applied) {
+            ++s.applied;
+        } else if (out.kind == idem::outcome_kind::duplicate_message) {
+            ++s.duplicates;
+        } else {
+            ++s.other;
+        }
+    }
+}
+
+run_result run_live(const run_options& o, std::size_t submitters) {
+    run_result r;
+    const auto db = o.dir / "db";
+    {
+        asio::io_context io{1};
+        idem::engine engine{io.get_executor(),
+                            idem::engine_options{.store = {.path = db, .consumer = consumer, .sync = idem::durability::full},
+                                                 .max_batch = 4096,
+                                                 .max_delay = std::chrono::microseconds(0),
+                                                 .max_in_flight = 65536}};
+        engine.add(idem_bench::order_totals_projection());
+        live_state s{o.log, o.limit};
+
+        const auto io_before = idem_bench::read_io();
+        const auto start = clock_type::now();
+        for (std::size_t k = 0; k < submitters; ++k) asio::co_spawn(io, submitter(engine, s), asio::detached);
+        io.run();
+        r.seconds = seconds_since(start);
+        const auto io_after = idem_bench::read_io();
+        if (s.failure) throw std::system_error(s.failure, "a delivery failed");
+        if (s.other != 0) throw std::runtime_error(std::to_string(s.other) + " unexpected outcomes");
+        r.write_bytes = io_after.write_bytes - io_before.write_bytes;
+        r.wchar = io_after.wchar - io_before.wchar;
+        r.messages = s.submitted;
+        r.applied = s.applied;
+        r.duplicates = s.duplicates;
+        const auto snap = engine.read();
+        r.state = idem_bench::read_summary(snap);
+        r.figures.emplace_back("inbox_ids", std::to_string(snap.inbox_size(consumer)));
+        const auto stats = engine.stats();
+        r.figures.emplace_back("batch_p50", idem_bench::fixed(stats.batch_size.p50, 0));
+        r.figures.emplace_back("syncs", std::to_string(stats.syncs));
+    }
+    r.store_bytes = file_size_or_zero(db / "data.mdb");
+    return r;
+}
+
+// --- rebuild ---------------------------------------------------------------------
+
+run_result run_rebuild(const run_options& o, const std::filesystem::path& log) {
+    if (o.limit != 0) throw std::runtime_error("the rebuild reads whole logs (no --limit)");
+    run_result r;
+    const auto db = o.dir / "db";
+    idem::rebuild_options ro;
+    ro.store.path = db;
+    ro.store.consumer = consumer;
+    ro.logs = {log};
+    ro.setup = [](idem::store& s) { s.add(idem_bench::order_totals_projection()); };
+
+    const auto io_before = idem_bench::read_io();
+    const auto start = clock_type::now();
+    const auto result = idem::rebuild(ro);
+    r.seconds = seconds_since(start);
+    const auto io_after = idem_bench::read_io();
+    r.write_bytes = io_after.write_bytes - io_before.write_bytes;
+    r.wchar = io_after.wchar - io_before.wchar;
+    r.messages = result.records;
+    const auto& outcomes = result.stats.outcomes;
+    r.applied = outcomes[static_cast<std::size_t>(idem::outcome_kind::applied)];
+    r.duplicates = outcomes[static_cast<std::size_t>(idem::outcome_kind::duplicate_message)];
+    {
+        const auto snap = idem::snapshot::open(db);
+        r.state = idem_bench::read_summary(snap);
+        r.figures.emplace_back("inbox_ids", std::to_string(snap.inbox_size(consumer)));
+    }
+    r.store_bytes = file_size_or_zero(db / "data.mdb");
+    return r;
+}
+
+// --- hot row -----------------------------------------------------------------------
+
+std::string line(std::uint64_t i, const std::string& order) {
+    idem::envelope e;
+    e.id = "hot-" + std::to_string(i);
+    e.source = "/orders";
+    e.type = "order.line_added";
+    e.data = R"({"order_id":")" + order + R"(","amount":1})";
+    return e.to_json();
+}
+
+// Applies `count` new events to `order`, one transaction each (no fsync: the figure is
+// the apply path's cost, not the disk's); returns microseconds per event.
+double apply_one_by_one(idem::store& store, const std::string& order, std::uint64_t first, std::uint64_t count) {
+    std::vector<idem::delivery> events;
+    events.reserve(count);
+    for (std::uint64_t i = 0; i < count; ++i) events.push_back({line(first + i, order), ""});
+    const auto start = clock_type::now();
+    for (const auto& d : events) {
+        if (store.apply(d).kind != idem::outcome_kind::applied) throw std::runtime_error("hot-row: not applied");
+    }
+    return seconds_since(start) * 1e6 / static_cast<double>(count);
+}
+
+run_result run_hot_row(const run_options& o) {
+    run_result r;
+    r.has_state = false;
+    idem::store store{{.path = o.dir / "db", .consumer = consumer, .sync = idem::durability::none}};
+    store.add(idem_bench::order_totals_projection());
+    // Fill: the hot row gets `contributors` events, the cold one 10, in large batches.
+    std::uint64_t next = 0;
+    const std::uint64_t batch = 10'000;
+    for (std::uint64_t done = 0; done < o.contributors; done += batch) {
+        std::vector<idem::delivery> fill;
+        for (std::uint64_t i = done; i < std::min(o.contributors, done + batch); ++i) {
+            fill.push_back({line(next++, "order-hot"), ""});
+        }
+        store.apply(fill);
+    }
+    for (int i = 0; i < 10; ++i) store.apply(idem::delivery{line(next++, "order-cold"), ""});
+
+    const std::uint64_t measured = 10'000;
+    // Interleaved halves, so drift of a shared machine hits both rows alike.
+    double hot = 0;
+    double cold = 0;
+    for (int half = 0; half < 2; ++half) {
+        hot += apply_one_by_one(store, "order-hot", next, measured / 2) / 2;
+        next += measured / 2;
+        cold += apply_one_by_one(store, "order-cold", next, measured / 2) / 2;
+        next += measured / 2;
+    }
+    r.messages = 2 * measured;
+    r.figures.emplace_back("hot_contributors", std::to_string(o.contributors));
+    r.figures.emplace_back("hot_us_per_event", idem_bench::fixed(hot, 2));
+    r.figures.emplace_back("cold_us_per_event", idem_bench::fixed(cold, 2));
+    r.figures.emplace_back("hot_over_cold", idem_bench::fixed(hot / cold, 2));
+    return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    return run_main(argc, argv, "compare_idem",
+                    {
+                        {"live-1", [](const run_options& o) { return run_live(o, 1); }},
+                        {"live-16", [](const run_options& o) { return run_live(o, 16); }},
+                        {"live-256", [](const run_options& o) { return run_live(o, 256); }},
+                        {"rebuild-binary", [](const run_options& o) { return run_rebuild(o, o.log); }},
+                        {"rebuild-jsonl", [](const run_options& o) { return run_rebuild(o, o.jsonl); }},
+                        {"hot-row", run_hot_row},
+                    });
+}
