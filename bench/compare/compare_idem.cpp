@@ -2,6 +2,9 @@
 //
 //   live-1, live-16, live-256   the engine (one writer, group commit), durability::full,
 //                               that many closed-loop submitters sharing one log reader
+//   apply-1000                  the synchronous store::apply, 1000 deliveries per
+//                               transaction, durability::full: idem batched exactly as the
+//                               textbook peers are
 //   rebuild-binary, rebuild-jsonl  idem::rebuild from the binary log / from JSON Lines
 //   hot-row                     the apply cost of a row with many contributors against
 //                               a row with 10 (a figure, not the workload)
@@ -17,6 +20,8 @@
 #include <boost/asio/use_awaitable.hpp>
 
 #include <chrono>
+#include <span>
+#include <stdexcept>
 #include <cstdint>
 #include <string>
 #include <system_error>
@@ -119,6 +124,52 @@ run_result run_live(const run_options& o, std::size_t submitters) {
         const auto stats = engine.stats();
         r.figures.emplace_back("batch_p50", idem_bench::fixed(stats.batch_size.p50, 0));
         r.figures.emplace_back("syncs", std::to_string(stats.syncs));
+        r.figures.emplace_back("commit_ms_p50", idem_bench::fixed(stats.commit_seconds.p50 * 1e3, 2));
+    }
+    r.store_bytes = file_size_or_zero(db / "data.mdb");
+    return r;
+}
+
+// --- apply ---------------------------------------------------------------------
+
+run_result run_apply(const run_options& o, std::size_t per_txn) {
+    run_result r;
+    const auto db = o.dir / "db";
+    {
+        idem::store store{{.path = db, .consumer = consumer, .sync = idem::durability::full}};
+        store.add(idem_bench::order_totals_projection());
+        idem::log_reader reader{o.log};
+        idem::log_record record;
+        std::vector<idem::delivery> batch(per_txn);
+
+        const auto io_before = idem_bench::read_io();
+        const auto start = clock_type::now();
+        bool more = true;
+        while (more) {
+            std::size_t n = 0;
+            while (n < per_txn && (o.limit == 0 || r.messages < o.limit) && (more = reader.next(record))) {
+                batch[n++].body.assign(record.body);
+                ++r.messages;
+            }
+            if (o.limit != 0 && r.messages == o.limit) more = false;
+            if (n == 0) break;
+            for (const auto& out : store.apply(std::span<const idem::delivery>{batch.data(), n})) {
+                if (out.kind == idem::outcome_kind::applied) {
+                    ++r.applied;
+                } else if (out.kind == idem::outcome_kind::duplicate_message) {
+                    ++r.duplicates;
+                } else {
+                    throw std::runtime_error(std::string("unexpected outcome ") + std::string(idem::to_string(out.kind)));
+                }
+            }
+        }
+        r.seconds = seconds_since(start);
+        const auto io_after = idem_bench::read_io();
+        r.write_bytes = io_after.write_bytes - io_before.write_bytes;
+        r.wchar = io_after.wchar - io_before.wchar;
+        const auto snap = store.read();
+        r.state = idem_bench::read_summary(snap);
+        r.figures.emplace_back("inbox_ids", std::to_string(snap.inbox_size(consumer)));
     }
     r.store_bytes = file_size_or_zero(db / "data.mdb");
     return r;
@@ -223,6 +274,7 @@ int main(int argc, char** argv) {
                         {"live-1", [](const run_options& o) { return run_live(o, 1); }},
                         {"live-16", [](const run_options& o) { return run_live(o, 16); }},
                         {"live-256", [](const run_options& o) { return run_live(o, 256); }},
+                        {"apply-1000", [](const run_options& o) { return run_apply(o, 1000); }},
                         {"rebuild-binary", [](const run_options& o) { return run_rebuild(o, o.log); }},
                         {"rebuild-jsonl", [](const run_options& o) { return run_rebuild(o, o.jsonl); }},
                         {"hot-row", run_hot_row},
