@@ -159,6 +159,83 @@ namespace {
 
 using simdjson::ondemand::json_type;
 
+std::string_view trim_right(std::string_view s) noexcept {
+    while (!s.empty() && (s.back() == ' ' || s.back() == '\n' || s.back() == '\r' || s.back() == '\t')) {
+        s.remove_suffix(1);
+    }
+    return s;
+}
+
+// RFC 8259's number grammar: -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?, any magnitude.
+bool is_json_number(std::string_view s) noexcept {
+    std::size_t i = 0;
+    auto digits = [&] {
+        const auto from = i;
+        while (i < s.size() && s[i] >= '0' && s[i] <= '9') ++i;
+        return i > from;
+    };
+    if (i < s.size() && s[i] == '-') ++i;
+    if (i < s.size() && s[i] == '0') {
+        ++i;
+    } else if (!digits()) {
+        return false;
+    }
+    if (i < s.size() && s[i] == '.') {
+        ++i;
+        if (!digits()) return false;
+    }
+    if (i < s.size() && (s[i] == 'e' || s[i] == 'E')) {
+        ++i;
+        if (i < s.size() && (s[i] == '+' || s[i] == '-')) ++i;
+        if (!digits()) return false;
+    }
+    return i == s.size();
+}
+
+// Reads a value to its end, checking all of it: the on-demand parser checks only what is
+// read, so a value that is skipped (an extension, `data`) could hide `nul` or `1x2`.
+simdjson::error_code validate(simdjson::ondemand::value value) {
+    json_type type{};
+    if (auto e = value.type().get(type); e != simdjson::SUCCESS) return e;
+    switch (type) {
+    case json_type::object: {
+        simdjson::ondemand::object o;
+        if (auto e = value.get_object().get(o); e != simdjson::SUCCESS) return e;
+        for (auto field : o) {
+            std::string_view key;
+            if (auto e = field.unescaped_key().get(key); e != simdjson::SUCCESS) return e;
+            simdjson::ondemand::value v;
+            if (auto e = field.value().get(v); e != simdjson::SUCCESS) return e;
+            if (auto e = validate(v); e != simdjson::SUCCESS) return e;
+        }
+        return simdjson::SUCCESS;
+    }
+    case json_type::array: {
+        simdjson::ondemand::array a;
+        if (auto e = value.get_array().get(a); e != simdjson::SUCCESS) return e;
+        for (auto element : a) {
+            simdjson::ondemand::value v;
+            if (auto e = element.get(v); e != simdjson::SUCCESS) return e;
+            if (auto e = validate(v); e != simdjson::SUCCESS) return e;
+        }
+        return simdjson::SUCCESS;
+    }
+    case json_type::string: {
+        std::string_view s;
+        return value.get_string().get(s);
+    }
+    case json_type::number:
+        return is_json_number(trim_right(value.raw_json_token())) ? simdjson::SUCCESS : simdjson::NUMBER_ERROR;
+    case json_type::boolean: {
+        const auto token = trim_right(value.raw_json_token());
+        return token == "true" || token == "false" ? simdjson::SUCCESS : simdjson::T_ATOM_ERROR;
+    }
+    case json_type::null:
+        return trim_right(value.raw_json_token()) == "null" ? simdjson::SUCCESS : simdjson::N_ATOM_ERROR;
+    }
+    return simdjson::TAPE_ERROR;
+}
+
 bool fail(parse_error& err, reason why, std::string detail) {
     err.why = why;
     err.detail = std::move(detail);
@@ -270,52 +347,20 @@ bool envelope_parser::parse(std::string_view text, envelope& out, parse_error& e
         } else if (name == "data") {
             ok = once(1u << 8, name);
             if (ok) {
+                // A scalar is its token; an object or array runs from its first token to the one after it.
                 json_type type{};
-                std::string_view raw;
-                if (value.type().get(type) != simdjson::SUCCESS) {
+                const auto token = value.raw_json_token();
+                const char* end = token.data() + token.size();
+                if (value.type().get(type) != simdjson::SUCCESS || validate(value) != simdjson::SUCCESS ||
+                    ((type == json_type::object || type == json_type::array) &&
+                     doc.current_location().get(end) != simdjson::SUCCESS)) {
                     return fail(err, reason::invalid_json, "attribute 'data' is not valid JSON");
                 }
-                simdjson::error_code e = simdjson::SUCCESS;
-                if (type == json_type::object) {
-                    simdjson::ondemand::object o;
-                    e = value.get_object().get(o);
-                    if (e == simdjson::SUCCESS) e = o.raw_json().get(raw);
-                } else if (type == json_type::array) {
-                    simdjson::ondemand::array a;
-                    e = value.get_array().get(a);
-                    if (e == simdjson::SUCCESS) e = a.raw_json().get(raw);
-                } else {
-                    raw = value.raw_json_token();
-                }
-                if (e != simdjson::SUCCESS) {
-                    return fail(err, reason::invalid_json, "attribute 'data' is not valid JSON");
-                }
-                out.data.assign(raw);
-                while (!out.data.empty() && (out.data.back() == ' ' || out.data.back() == '\n' ||
-                                             out.data.back() == '\r' || out.data.back() == '\t')) {
-                    out.data.pop_back();
-                }
+                out.data.assign(trim_right(std::string_view(token.data(), static_cast<std::size_t>(end - token.data()))));
             }
-        } else {
+        } else if (validate(value) != simdjson::SUCCESS) {
             // Unknown attributes (extensions) are allowed and ignored; they must still be valid JSON.
-            std::string_view skipped;
-            json_type type{};
-            if (value.type().get(type) != simdjson::SUCCESS) {
-                return fail(err, reason::invalid_json, "malformed value of attribute '" + std::string(name) + "'");
-            }
-            simdjson::error_code e = simdjson::SUCCESS;
-            if (type == json_type::object) {
-                simdjson::ondemand::object o;
-                e = value.get_object().get(o);
-                if (e == simdjson::SUCCESS) e = o.raw_json().get(skipped);
-            } else if (type == json_type::array) {
-                simdjson::ondemand::array a;
-                e = value.get_array().get(a);
-                if (e == simdjson::SUCCESS) e = a.raw_json().get(skipped);
-            }
-            if (e != simdjson::SUCCESS) {
-                return fail(err, reason::invalid_json, "malformed value of attribute '" + std::string(name) + "'");
-            }
+            return fail(err, reason::invalid_json, "malformed value of attribute '" + std::string(name) + "'");
         }
         if (!ok) {
             return false;

@@ -109,6 +109,69 @@ TEST_CASE("malformed events are rejected with a reason that names the cause") {
     }
 }
 
+TEST_CASE("an attribute of the wrong JSON type is invalid_field, naming the attribute") {
+    for (const char* name : {"id", "source", "type", "subject", "time", "msgid", "specversion"}) {
+        for (const char* value : {"17", "null", "true", "{}", "[\"x\"]"}) {
+            CAPTURE(name);
+            CAPTURE(value);
+            // The attribute under test replaces the valid one of the same name (no duplicate).
+            std::string text = R"({"id":"1","source":"s","type":"t","subject":"x")";
+            const std::string own = std::string("\"") + name + "\":";
+            if (auto at = text.find(own); at != std::string::npos) {
+                auto end = text.find(',', at);
+                text.erase(at, end == std::string::npos ? text.size() - at : end - at + 1);
+                if (text.back() == ',') text.pop_back();
+            }
+            text += std::string(",\"") + name + "\":" + value + "}";
+            auto p = parse(text);
+            CHECK_FALSE(p.ok);
+            CHECK(p.err.why == idem::reason::invalid_field);
+            CHECK(p.err.detail == std::string("attribute '") + name + "' must be a string");
+        }
+    }
+}
+
+TEST_CASE("time is kept as given: the parser does not judge it") {
+    for (const char* time : {"2026-12-02T10:00:00Z", "yesterday", ""}) {
+        CAPTURE(time);
+        auto p = parse(std::string(R"({"id":"1","source":"s","type":"t","time":")") + time + "\"}");
+        REQUIRE(p.ok);
+        CHECK(p.ev.time == time);
+    }
+}
+
+TEST_CASE("extensions and data are read only as far as needed, but must be valid JSON all the way down") {
+    CHECK(parse(R"({"id":"1","source":"s","type":"t","ext":{"a":[1,{"b":null}]},"n":-1.5e400,"z":0})").ok);
+    CHECK(parse(R"({"id":"1","source":"s","type":"t","data":{"a":[true,false,null,"\u00e9",-0.0E+1]}})").ok);
+    // Values the on-demand parser would skip without looking inside.
+    for (const char* value : {"nul", "tru", "falsy", "1x2", "01", "-", "1.", "1e", "+1", ".5", "{\"a\":nul}",
+                              "[1,fals]", "{\"a\":[1,{\"b\":1x}]}", "\"\\x\"", "[1,}]"}) {
+        for (const char* attribute : {"ext", "data"}) {
+            CAPTURE(value);
+            CAPTURE(attribute);
+            auto p = parse(std::string(R"({"id":"1","source":"s","type":"t",")") + attribute + "\":" + value + "}");
+            CHECK_FALSE(p.ok);
+            CHECK(p.err.why == idem::reason::invalid_json);
+        }
+    }
+    auto p = parse(R"({"id":"1","source":"s","type":"t","ext":nul})");
+    CHECK(p.err.detail == "malformed value of attribute 'ext'");
+    p = parse(R"({"id":"1","source":"s","type":"t","data":{"a":nul}})");
+    CHECK(p.err.detail == "attribute 'data' is not valid JSON");
+}
+
+TEST_CASE("a body that is not UTF-8 is invalid_utf8, wherever the bad byte is") {
+    for (std::string text : {std::string("{\"id\":\"a\xFF\",\"source\":\"s\",\"type\":\"t\"}"),
+                             std::string("{\"id\":\"a\",\"source\":\"s\",\"type\":\"t\",\"data\":\"\xC3\x28\"}"),
+                             std::string("{\"id\":\"a\",\"source\":\"s\",\"type\":\"t\",\"x\xED\xA0\x80\":1}")}) {
+        CAPTURE(text);
+        auto p = parse(text);
+        CHECK_FALSE(p.ok);
+        CHECK(p.err.why == idem::reason::invalid_utf8);
+        CHECK(p.err.detail == "the body is not valid UTF-8");
+    }
+}
+
 TEST_CASE("data of any JSON type is kept verbatim") {
     CHECK(parse(R"({"id":"1","source":"s","type":"t","data":42})").ev.data == "42");
     CHECK(parse(R"({"id":"1","source":"s","type":"t","data":"text"})").ev.data == R"("text")");

@@ -210,6 +210,58 @@ TEST_CASE("JSON Lines: lines far longer than the read buffer") {
     CHECK(records[2].offset == lines[0].size() + lines[1].size() + 2);
 }
 
+TEST_CASE("a JSON line over the record limit is corrupt_log, naming the file, the line and the offset") {
+    temp_dir dir;
+    auto path = dir / "huge.jsonl";
+    spit(path, "{}\n");
+    // A sparse run of zero bytes, no newline: a line one byte over the limit without writing it.
+    REQUIRE(::truncate(path.c_str(), static_cast<off_t>(3 + std::uint64_t{idem::max_log_record} + 2)) == 0);
+    idem::log_reader reader{path};
+    idem::log_record r;
+    REQUIRE(reader.next(r));
+    CHECK(r.body == "{}");
+    try {
+        reader.next(r);
+        FAIL("read a line longer than the record limit");
+    } catch (const std::system_error& e) {
+        CHECK(e.code() == idem::errc::corrupt_log);
+        CHECK(std::string(e.what()) == path.string() + ": line 2 at offset 3: longer than the record limit of " +
+                                           std::to_string(idem::max_log_record) + " bytes: corrupt event log");
+    }
+}
+
+TEST_CASE("a log that cannot be read is refused, naming the file") {
+    temp_dir dir;
+    SUBCASE("a file that does not exist") {
+        try {
+            idem::log_reader reader{dir / "missing.jsonl"};
+            FAIL("opened a missing log");
+        } catch (const std::system_error& e) {
+            CHECK(e.code() == std::errc::no_such_file_or_directory);
+            CHECK(std::string(e.what()).find((dir / "missing.jsonl").string() + ": cannot open") == 0);
+        }
+    }
+    SUBCASE("a directory") {
+        try {
+            idem::log_reader reader{dir.path()};
+            FAIL("read a directory as a log");
+        } catch (const std::system_error& e) {
+            CHECK(e.code() == std::errc::is_a_directory);
+            CHECK(std::string(e.what()).find(dir.path().string() + ": read at offset 0 failed") == 0);
+        }
+    }
+    SUBCASE("a binary log resumed inside its header") {
+        write_log(dir / "a.bin", idem::log_format::binary, {"{}"});
+        try {
+            idem::log_reader reader{dir / "a.bin", {.start = 5}};
+            FAIL("resumed inside the header");
+        } catch (const std::system_error& e) {
+            CHECK(e.code() == idem::errc::invalid_argument);
+            CHECK(std::string(e.what()).find("start offset 5 is inside the header") != std::string::npos);
+        }
+    }
+}
+
 TEST_CASE("a reader resumed at a record's end reads exactly the records after it") {
     temp_dir dir;
     auto format = idem::log_format::jsonl;
