@@ -6,11 +6,13 @@
 // writer lost, breaks at least one of them.
 //
 //   reader_check --db DIR --log FILE [--seconds N] [--min-commit C] [--min-checkpoint P
-//                [--records-before N]] [--pause-ms MS] [--seed N]
+//                [--records-before N]] [--pause-ms MS] [--seed N] [--tear yes]
 //       starts no lower than a commit and checkpoint other readers saw (a restarted reader
 //       must not see the past); prints "progress ..." lines while it runs, "done ..." when it ends (SIGTERM or the
 //       duration); a violation is printed with the commit it was seen at, exit status 1;
-//       any other failure (READERS_FULL among them) exit status 2.
+//       any other failure (READERS_FULL among them) exit status 2. --tear yes reads the
+//       counters from a later snapshot than the tables: a torn read made on purpose, which
+//       the test expects to be reported (it shows the invariants can catch one).
 //   reader_check --slots DIR
 //       prints LMDB's reader table of DIR as JSON (used slots, slots of dead processes and
 //       the oldest snapshot they pin) without reclaiming anything: it opens the environment
@@ -71,6 +73,7 @@ struct check_options {
     std::optional<std::uint64_t> records_before;  // the records before min_checkpoint, as an earlier reader counted them
     std::uint64_t pause_ms = 0;        // sleep up to this long between snapshots (random)
     std::uint64_t seed = 0;
+    bool tear = false;  // read counters and tables from two snapshots taken apart: must be caught
 };
 
 /// Counts the records (non-blank lines) of a JSON Lines log up to an offset, reading only
@@ -186,16 +189,17 @@ std::uint64_t check_rows(const idem::snapshot& snap, const char* projection, boo
 }
 
 /// Checks one snapshot against the log and the previous snapshot; fills now with what it saw.
-void check_snapshot(const idem::snapshot& snap, const check_options& o, const std::string& source, log_records& log,
-                    const seen& before, seen& now, std::unordered_map<std::string, std::uint64_t>& versions_seen,
-                    std::mt19937_64& rng) {
+/// counters and tables are the same snapshot, except in --tear mode, where counters is newer.
+void check_snapshot(const idem::snapshot& counters, const idem::snapshot& snap, const check_options& o,
+                    const std::string& source, log_records& log, const seen& before, seen& now,
+                    std::unordered_map<std::string, std::uint64_t>& versions_seen, std::mt19937_64& rng) {
     now = seen{};
-    now.commit = snap.commit();
+    now.commit = counters.commit();
     if (now.commit < before.commit) {
         throw violation("the commit number went back from " + std::to_string(before.commit));
     }
 
-    const auto checkpoints = snap.checkpoints(o.consumer);
+    const auto checkpoints = counters.checkpoints(o.consumer);
     std::optional<std::uint64_t> position;
     for (const auto& [name, at] : checkpoints) {
         if (name == source) {
@@ -216,7 +220,7 @@ void check_snapshot(const idem::snapshot& snap, const check_options& o, const st
     now.records = log.before(now.checkpoint);
 
     // Every record up to the checkpoint got exactly one outcome, in the same commit.
-    const auto stats = snap.stats(o.consumer);
+    const auto stats = counters.stats(o.consumer);
     std::uint64_t outcomes = 0;
     for (auto n : stats.outcomes) outcomes += n;
     if (outcomes != now.records) {
@@ -368,7 +372,15 @@ int run_checks(const check_options& o) {
                 seen now;
                 try {
                     auto snap = env ? idem::snapshot{env} : idem::snapshot::open(o.db);
-                    check_snapshot(snap, o, source, log, last, now, versions_seen, rng);
+                    if (o.tear) {
+                        // A torn read on purpose (the test checks that it is caught): the
+                        // counters come from a later snapshot than the tables.
+                        std::this_thread::sleep_for(std::chrono::milliseconds(30));
+                        auto later = env ? idem::snapshot{env} : idem::snapshot::open(o.db);
+                        check_snapshot(later, snap, o, source, log, last, now, versions_seen, rng);
+                    } else {
+                        check_snapshot(snap, snap, o, source, log, last, now, versions_seen, rng);
+                    }
                 } catch (const violation& v) {
                     std::fprintf(stderr, "reader_check %d: VIOLATION at commit %" PRIu64 " (checkpoint %" PRIu64
                                  ", previous snapshot: commit %" PRIu64 ", checkpoint %" PRIu64 "): %s\n",
@@ -453,7 +465,7 @@ int list_slots(const std::filesystem::path& db) {
 int usage() {
     std::fprintf(stderr,
                  "usage: reader_check --db DIR --log FILE [--seconds N] [--min-commit C] [--min-checkpoint P "
-                 "[--records-before N]] [--pause-ms MS] [--seed N]\n"
+                 "[--records-before N]] [--pause-ms MS] [--seed N] [--tear yes]\n"
                  "       reader_check --slots DIR\n");
     return 1;
 }
@@ -476,6 +488,10 @@ int main(int argc, char** argv) {
             if (i + 1 >= argc) return usage();
             const char* value = argv[++i];
             if (arg == "--slots") return list_slots(value);
+            if (arg == "--tear") {
+                o.tear = std::string_view(value) == "yes";
+                continue;
+            }
             if (arg == "--db") {
                 o.db = value;
             } else if (arg == "--log") {

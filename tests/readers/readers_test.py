@@ -8,7 +8,9 @@ moments (hundreds of times) and restarted, each no lower than the commit and che
 the others already saw; the writer is SIGKILLed at random moments and restarted (it
 resumes from its checkpoint). Then:
 
-- no reader ever reported a violation or an error (READERS_FULL among them);
+- no reader ever reported a violation or an error (READERS_FULL among them), while one
+  more reader that tears its reads on purpose (counters and tables from two snapshots)
+  was caught, which shows the invariants can catch a torn read;
 - the reader table stayed small: slots of killed readers were reclaimed (LMDB never
   reclaims them by itself; a reader table that only grew would reach its 512 slots);
 - data.mdb never grew past a bound derived from the same log consumed without kills;
@@ -298,8 +300,24 @@ class readers_test:
         next_massacre = started + self.rng.uniform(5, 15)
         next_slots = started
         writer_down_until = None
+        # A reader that tears its reads on purpose (counters from a later snapshot than the
+        # tables): the invariants must catch it, or they could not catch a real torn read.
+        tear, tear_caught = None, None
+        tear_at = started + min(10, seconds / 4)
         while time.monotonic() - started < seconds:
             now = time.monotonic()
+            if tear is None and tear_caught is None and now >= tear_at:
+                tear_err = open(self.path("tear.err"), "w+")
+                tear = subprocess.Popen([self.reader_check, "--db", self.db, "--log", self.log, "--tear", "yes",
+                                         "--pause-ms", "10"], stdout=subprocess.DEVNULL, stderr=tear_err, text=True)
+                self.procs.append(tear)
+            if tear is not None and tear.poll() is not None:
+                tear_err.seek(0)
+                message = tear_err.read().strip()
+                if tear.returncode != 1 or "VIOLATION" not in message:
+                    raise failure(f"the reader tearing its reads on purpose exited {tear.returncode}: {message}")
+                tear_caught = f"{now - tear_at:.1f} s: {message}"
+                tear = None
             feed.step()
             if writer_down_until is not None:
                 if now >= writer_down_until:
@@ -355,6 +373,10 @@ class readers_test:
             r.finish(signal.SIGTERM)
         max_size = max(max_size, file_size(os.path.join(self.db, "data.mdb")))
         final_slots = self.slots()
+        if tear_caught is None:
+            raise failure("a reader tearing its reads on purpose (counters from a later snapshot than the "
+                          "tables) was not caught: the invariants are too weak to catch a torn read")
+        print(f"a torn read made on purpose was caught after {tear_caught}", flush=True)
 
         bound = 2 * base_size + 16 * MiB
         figures = {"seconds": round(time.monotonic() - started, 1), "reader_kills": reader_kills,
