@@ -5,18 +5,18 @@
 // to each other and to the log file, so a snapshot that mixed two commits, or a commit the
 // writer lost, breaks at least one of them.
 //
-//   reader_check --db DIR --log FILE [--seconds N] [--min-commit C] [--min-checkpoint P
-//                [--records-before N]] [--pause-ms MS] [--seed N] [--tear yes]
-//       starts no lower than a commit and checkpoint other readers saw (a restarted reader
-//       must not see the past); prints "progress ..." lines while it runs, "done ..." when it ends (SIGTERM or the
-//       duration); a violation is printed with the commit it was seen at, exit status 1;
-//       any other failure (READERS_FULL among them) exit status 2. --tear yes reads the
-//       counters from a later snapshot than the tables: a torn read made on purpose, which
-//       the test expects to be reported (it shows the invariants can catch one).
+//   reader_check --db DIR --log FILE [--seconds N] [--min-commit C]
+//                [--min-checkpoint P [--records-before N]] [--pause-ms MS] [--seed N] [--tear]
+//       Starts no lower than the commit and checkpoint other readers saw (a restarted reader
+//       must not see the past). Prints "progress ..." lines while it runs and "done ..." when
+//       it ends (SIGTERM or the duration). A violation is printed with the commit it was seen
+//       at: exit status 1; any other failure (READERS_FULL among them): exit status 2.
+//       --tear reads the counters from a later snapshot than the tables: a torn read made on
+//       purpose, which the test expects to be reported (it shows the invariants catch one).
 //   reader_check --slots DIR
-//       prints LMDB's reader table of DIR as JSON (used slots, slots of dead processes and
-//       the oldest snapshot they pin) without reclaiming anything: it opens the environment
-//       with LMDB directly, because idem::environment clears dead readers' slots when it opens.
+//       Prints LMDB's reader table of DIR as JSON (used slots, slots of dead processes, the
+//       oldest snapshot they pin) without reclaiming anything: it opens the environment with
+//       LMDB directly, because idem::environment clears dead readers' slots when it opens.
 
 #include <idem/examples/domains.hpp>
 #include <idem/projections/store.hpp>
@@ -37,7 +37,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <limits>
 #include <memory>
 #include <optional>
 #include <random>
@@ -56,7 +55,9 @@ using clock_type = std::chrono::steady_clock;
 
 std::atomic<bool> stop_requested{false};
 
-extern "C" void on_stop_signal(int) { stop_requested.store(true); }
+extern "C" void on_stop_signal(int) {
+    stop_requested.store(true);
+}
 
 /// A broken invariant: what was expected and what the snapshot held.
 struct violation : std::runtime_error {
@@ -70,8 +71,8 @@ struct check_options {
     double seconds = 0;  // 0: until SIGTERM
     std::uint64_t min_commit = 0;
     std::uint64_t min_checkpoint = 0;
-    std::optional<std::uint64_t> records_before;  // the records before min_checkpoint, as an earlier reader counted them
-    std::uint64_t pause_ms = 0;        // sleep up to this long between snapshots (random)
+    std::optional<std::uint64_t> records_before;  // before min_checkpoint, as an earlier reader counted them
+    std::uint64_t pause_ms = 0;                   // sleep up to this long between snapshots (random)
     std::uint64_t seed = 0;
     bool tear = false;  // read counters and tables from two snapshots taken apart: must be caught
 };
@@ -100,8 +101,9 @@ public:
             const auto want = static_cast<std::size_t>(std::min<std::uint64_t>(buffer_.size(), offset - pos_));
             auto got = ::pread(fd_, buffer_.data(), want, static_cast<off_t>(pos_));
             if (got < 0) throw std::system_error(errno, std::system_category(), "cannot read the log");
-            if (got == 0) throw violation("the checkpoint " + std::to_string(offset) + " is past the log's end (" +
-                                          std::to_string(pos_) + " bytes)");
+            if (got == 0)
+                throw violation("the checkpoint " + std::to_string(offset) + " is past the log's end (" +
+                                std::to_string(pos_) + " bytes)");
             for (char c : std::string_view(buffer_.data(), static_cast<std::size_t>(got))) {
                 if (c == '\n') {
                     if (!blank_) ++records_;
@@ -224,9 +226,9 @@ void check_snapshot(const idem::snapshot& counters, const idem::snapshot& snap, 
     std::uint64_t outcomes = 0;
     for (auto n : stats.outcomes) outcomes += n;
     if (outcomes != now.records) {
-        throw violation("the outcomes sum to " + std::to_string(outcomes) + " but the " +
-                        std::to_string(now.records) + " records before checkpoint " + std::to_string(now.checkpoint) +
-                        " were consumed (" + describe_outcomes(stats) + ")");
+        throw violation("the outcomes sum to " + std::to_string(outcomes) + " but the " + std::to_string(now.records) +
+                        " records before checkpoint " + std::to_string(now.checkpoint) + " were consumed (" +
+                        describe_outcomes(stats) + ")");
     }
     now.batches = stats.batches;
     if (now.batches < before.batches || now.batches > now.commit) {
@@ -247,9 +249,10 @@ void check_snapshot(const idem::snapshot& counters, const idem::snapshot& snap, 
                         " were parked");
     }
     now.inbox = snap.inbox_size(o.consumer);
-    if (now.inbox < before.inbox || now.inbox > outcomes - outcome_count(stats, idem::outcome_kind::duplicate_message)) {
-        throw violation("the inbox holds " + std::to_string(now.inbox) + " ids (before: " +
-                        std::to_string(before.inbox) + ") against " + describe_outcomes(stats));
+    if (now.inbox < before.inbox ||
+        now.inbox > outcomes - outcome_count(stats, idem::outcome_kind::duplicate_message)) {
+        throw violation("the inbox holds " + std::to_string(now.inbox) +
+                        " ids (before: " + std::to_string(before.inbox) + ") against " + describe_outcomes(stats));
     }
 
     // Each applied event (and each released one) changed exactly one row of one projection:
@@ -290,21 +293,20 @@ void check_snapshot(const idem::snapshot& counters, const idem::snapshot& snap, 
                                                }
                                            });
     sample.emplace_back();
-    versions += check_rows<ex::holdings>(snap, ex::inventory_projection, tables, versions_seen, rows, sample, rng,
-                                         [](const idem::row<ex::holdings>& r) {
-                                             for (const auto& [item, count] : r.state.items) {
-                                                 if (count <= 0) {
-                                                     throw violation("inventory row '" + r.key + "' holds " +
-                                                                     std::to_string(count) + " of " + item);
-                                                 }
-                                             }
-                                         });
+    versions += check_rows<ex::holdings>(
+        snap, ex::inventory_projection, tables, versions_seen, rows, sample, rng, [](const idem::row<ex::holdings>& r) {
+            for (const auto& [item, count] : r.state.items) {
+                if (count <= 0) {
+                    throw violation("inventory row '" + r.key + "' holds " + std::to_string(count) + " of " + item);
+                }
+            }
+        });
     // A released event may turn out to be a duplicate (it was parked twice), so released
     // events bound the versions from above only.
     const auto applied = outcome_count(stats, idem::outcome_kind::applied);
     if (versions < applied || versions > applied + stats.released) {
-        throw violation("the rows' versions sum to " + std::to_string(versions) + ", outside [applied, applied + "
-                        "released] (" + describe_outcomes(stats) + ")");
+        throw violation("the rows' versions sum to " + std::to_string(versions) +
+                        ", outside [applied, applied + released] (" + describe_outcomes(stats) + ")");
     }
     now.versions = versions;
     now.rows = rows;
@@ -334,21 +336,21 @@ void check_snapshot(const idem::snapshot& counters, const idem::snapshot& snap, 
 }
 
 void print_line(const char* what, std::uint64_t snapshots, std::uint64_t opens, const seen& last) {
-    std::printf("%s snapshots=%" PRIu64 " opens=%" PRIu64 " commit=%" PRIu64 " checkpoint=%" PRIu64
-                " records=%" PRIu64 " versions=%" PRIu64 "\n",
+    std::printf("%s snapshots=%" PRIu64 " opens=%" PRIu64 " commit=%" PRIu64 " checkpoint=%" PRIu64 " records=%" PRIu64
+                " versions=%" PRIu64 "\n",
                 what, snapshots, opens, last.commit, last.checkpoint, last.records, last.versions);
     std::fflush(stdout);
 }
 
 int run_checks(const check_options& o) {
-    struct sigaction sa{};
+    struct sigaction sa {};
     sa.sa_handler = on_stop_signal;
     ::sigaction(SIGTERM, &sa, nullptr);
     ::sigaction(SIGINT, &sa, nullptr);
 
     const std::string source = "log:" + std::filesystem::absolute(o.log).lexically_normal().string();
-    log_records log = o.records_before ? log_records{o.log, o.min_checkpoint, *o.records_before}
-                                       : log_records{o.log, 0, 0};
+    log_records log =
+        o.records_before ? log_records{o.log, o.min_checkpoint, *o.records_before} : log_records{o.log, 0, 0};
     std::mt19937_64 rng{o.seed != 0 ? o.seed : static_cast<std::uint64_t>(::getpid())};
     const auto started = clock_type::now();
     auto last_report = started;
@@ -382,7 +384,8 @@ int run_checks(const check_options& o) {
                         check_snapshot(snap, snap, o, source, log, last, now, versions_seen, rng);
                     }
                 } catch (const violation& v) {
-                    std::fprintf(stderr, "reader_check %d: VIOLATION at commit %" PRIu64 " (checkpoint %" PRIu64
+                    std::fprintf(stderr,
+                                 "reader_check %d: VIOLATION at commit %" PRIu64 " (checkpoint %" PRIu64
                                  ", previous snapshot: commit %" PRIu64 ", checkpoint %" PRIu64 "): %s\n",
                                  ::getpid(), now.commit, now.checkpoint, last.commit, last.checkpoint, v.what());
                     print_line("failed", snapshots, opens, last);
@@ -405,7 +408,8 @@ int run_checks(const check_options& o) {
             }
         }
     } catch (const std::exception& e) {
-        std::fprintf(stderr, "reader_check %d: ERROR after commit %" PRIu64 ": %s\n", ::getpid(), last.commit, e.what());
+        std::fprintf(stderr, "reader_check %d: ERROR after commit %" PRIu64 ": %s\n", ::getpid(), last.commit,
+                     e.what());
         print_line("failed", snapshots, opens, last);
         return 2;
     }
@@ -465,7 +469,7 @@ int list_slots(const std::filesystem::path& db) {
 int usage() {
     std::fprintf(stderr,
                  "usage: reader_check --db DIR --log FILE [--seconds N] [--min-commit C] [--min-checkpoint P "
-                 "[--records-before N]] [--pause-ms MS] [--seed N] [--tear yes]\n"
+                 "[--records-before N]] [--pause-ms MS] [--seed N] [--tear]\n"
                  "       reader_check --slots DIR\n");
     return 1;
 }
@@ -485,13 +489,13 @@ int main(int argc, char** argv) {
     try {
         for (int i = 1; i < argc; ++i) {
             const std::string_view arg = argv[i];
+            if (arg == "--tear") {
+                o.tear = true;
+                continue;
+            }
             if (i + 1 >= argc) return usage();
             const char* value = argv[++i];
             if (arg == "--slots") return list_slots(value);
-            if (arg == "--tear") {
-                o.tear = std::string_view(value) == "yes";
-                continue;
-            }
             if (arg == "--db") {
                 o.db = value;
             } else if (arg == "--log") {

@@ -317,7 +317,7 @@ class readers_test:
             now = time.monotonic()
             if tear is None and tear_caught is None and now >= tear_at:
                 tear_err = open(self.path("tear.err"), "w+")
-                tear = subprocess.Popen([self.reader_check, "--db", self.db, "--log", self.log, "--tear", "yes",
+                tear = subprocess.Popen([self.reader_check, "--db", self.db, "--log", self.log, "--tear",
                                          "--pause-ms", "10"], stdout=subprocess.DEVNULL, stderr=tear_err, text=True)
                 self.procs.append(tear)
             if tear is not None and tear.poll() is not None:
