@@ -101,10 +101,12 @@ struct engine::impl {
     sample_window batch_sizes;
     sample_window commit_times;
     sample_window ack_times;
+    sample_window prune_times;
 
     std::thread writer;
 
     void run();
+    bool prune();  // one step; returns whether more has expired
     void commit(std::vector<pending_apply>& batch);
     void release(std::vector<std::pair<pending_apply, outcome>>& ready, std::error_code ec);
     void finish_marker(pending_marker& marker);
@@ -221,6 +223,11 @@ void engine::impl::admit() {
 void engine::impl::run() {
     std::vector<pending_apply> batch;
     bool busy = false;  // the last pass found work without waiting for it
+    // Pruning runs on this thread, which owns the write transactions: a deadline in its own
+    // wait, not a timer on the embedder's executor (that would keep io_context::run() busy).
+    const bool pruning = options.store.retention.inbox_retention || options.store.retention.allowed_lateness;
+    auto next_prune = clock::now() + options.prune_interval;
+    bool prune_more = false;
     while (!done) {
         std::optional<pending_marker> marker;
         {
@@ -229,7 +236,11 @@ void engine::impl::run() {
             auto full = [&] { return queue.size() >= options.max_batch; };
             if (!has_work()) {
                 busy = false;
-                cv.wait(lock, has_work);
+                if (!pruning) {
+                    cv.wait(lock, has_work);
+                } else if (!prune_more) {
+                    cv.wait_until(lock, next_prune, has_work);
+                }
             }
             if (options.store.sync == durability::periodic) {
                 // At most one commit (one fsync) per interval: what arrives meanwhile joins it.
@@ -257,6 +268,27 @@ void engine::impl::run() {
         } else if (marker) {
             finish_marker(*marker);
         }
+        if (pruning && !done && (prune_more || clock::now() >= next_prune)) {
+            prune_more = prune();  // one bounded step between batches
+            if (!prune_more) next_prune = clock::now() + options.prune_interval;
+        }
+    }
+}
+
+bool engine::impl::prune() {
+    auto started_at = clock::now();
+    try {
+        auto r = st->prune(options.prune_step);
+        std::scoped_lock lock{m};
+        counters.pruned_ids += r.ids;
+        counters.pruned_contributors += r.contributors;
+        if (r.ids + r.contributors > 0) prune_times.add(seconds_since(started_at));
+        return r.more;
+    } catch (const std::exception&) {
+        // A failed step removed nothing (its transaction aborted); the next interval retries.
+        std::scoped_lock lock{m};
+        ++counters.prune_failures;
+        return false;
     }
 }
 
@@ -369,6 +401,7 @@ engine_stats engine::stats() const {
     s.batch_size = impl_->batch_sizes.summary();
     s.commit_seconds = impl_->commit_times.summary();
     s.ack_seconds = impl_->ack_times.summary();
+    s.prune_seconds = impl_->prune_times.summary();
     return s;
 }
 
@@ -410,6 +443,10 @@ std::string engine::prometheus() const {
     summary("idem_batch_size", "Deliveries per committed batch (recent).", s.batch_size);
     summary("idem_commit_seconds", "Apply and commit time per batch (recent).", s.commit_seconds);
     summary("idem_ack_seconds", "Submission to completion per delivery (recent).", s.ack_seconds);
+    out << "# HELP idem_pruned_total Retention: entries pruned, by table.\n# TYPE idem_pruned_total counter\n"
+        << "idem_pruned_total" << label("table=\"inbox\"") << ' ' << s.pruned_ids << '\n'
+        << "idem_pruned_total" << label("table=\"contributors\"") << ' ' << s.pruned_contributors << '\n';
+    summary("idem_prune_seconds", "Time per prune step (recent).", s.prune_seconds);
     return out.str();
 }
 

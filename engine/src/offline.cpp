@@ -183,6 +183,7 @@ private:
                 changed_.notify_all();
             }
             store_.apply(p.batch, p.at);
+            prune();
             {
                 std::lock_guard lock{mutex_};
                 recycled_.push_back(std::move(p.batch));  // its strings' capacity serves the next batch
@@ -191,6 +192,15 @@ private:
             progress_.records = p.records;
             progress_.bytes = p.bytes;
             report();
+        }
+    }
+
+    void prune() {
+        // Retention keeps pace with the log: expired ids and effect keys go as the run moves on
+        // (with the event clock a rebuild ends with the inbox a live run would have).
+        const auto& r = options_.store.retention;
+        if (!r.inbox_retention && !r.allowed_lateness) return;
+        while (store_.prune(prune_limits{100'000, std::chrono::milliseconds(50), {}}).more) {
         }
     }
 

@@ -1,6 +1,8 @@
 #include <idem/projections/store.hpp>
 
+#include <idem/storage/canonical.hpp>
 #include <idem/storage/crash_point.hpp>
+#include <idem/storage/duration.hpp>
 #include <idem/storage/codec.hpp>
 #include <idem/storage/id_log.hpp>
 
@@ -28,11 +30,45 @@ std::string_view to_string(outcome_kind k) noexcept {
 
 namespace {
 
-constexpr std::uint32_t storage_format = 1;
+constexpr std::uint32_t storage_format = 2;  // 2: inbox entries carry a fingerprint, commit and outcome
 constexpr std::string_view format_key = "format";
 constexpr std::string_view commit_key = "commit";
 
 std::string stats_key(std::string_view consumer) { return "stats/" + std::string(consumer); }
+// A consumer's retention clock: [highest event time seen][inbox floor], ns, u64 LE each.
+std::string clock_key(std::string_view consumer) { return "clock/" + std::string(consumer); }
+// The event time below which a projection's contributing sets were pruned, ns, u64 LE.
+std::string contrib_floor_key(std::string_view projection) { return "contrib-floor/" + std::string(projection); }
+
+struct clock_record {
+    std::uint64_t event_time = 0;
+    std::uint64_t inbox_floor = 0;
+};
+
+clock_record decode_clock(std::optional<std::string_view> v) {
+    clock_record c;
+    if (v && v->size() >= 16) {
+        c.event_time = codec::get_u64_le(*v);
+        c.inbox_floor = codec::get_u64_le(v->substr(8));
+    }
+    return c;
+}
+
+std::string encode_clock(const clock_record& c) {
+    std::string out;
+    codec::put_u64_le(out, c.event_time);
+    codec::put_u64_le(out, c.inbox_floor);
+    return out;
+}
+
+std::uint64_t get_u64_or_zero(std::optional<std::string_view> v) {
+    return v && v->size() >= 8 ? codec::get_u64_le(*v) : 0;
+}
+
+std::uint64_t count_ns(std::chrono::nanoseconds d) { return d.count() > 0 ? static_cast<std::uint64_t>(d.count()) : 0; }
+
+// Inbox entries carry [fingerprint][commit << 8 | outcome].
+std::uint64_t inbox_word(std::uint64_t commit, outcome_kind k) { return commit << 8 | static_cast<std::uint64_t>(k); }
 
 std::uint64_t now_ns() {
     return static_cast<std::uint64_t>(
@@ -46,6 +82,12 @@ consumer_stats decode_stats(std::optional<std::string_view> v) {
     for (std::size_t i = 0; i < outcome_kinds; ++i) s.outcomes[i] = codec::get_u64_le(v->substr(i * 8));
     s.released = codec::get_u64_le(v->substr(outcome_kinds * 8));
     s.batches = codec::get_u64_le(v->substr((outcome_kinds + 1) * 8));
+    if (v->size() >= (outcome_kinds + 6) * 8) {
+        s.late_events = codec::get_u64_le(v->substr((outcome_kinds + 2) * 8));
+        s.id_conflicts = codec::get_u64_le(v->substr((outcome_kinds + 3) * 8));
+        s.pruned_ids = codec::get_u64_le(v->substr((outcome_kinds + 4) * 8));
+        s.pruned_contributors = codec::get_u64_le(v->substr((outcome_kinds + 5) * 8));
+    }
     return s;
 }
 
@@ -54,6 +96,10 @@ std::string encode_stats(const consumer_stats& s) {
     for (auto n : s.outcomes) codec::put_u64_le(out, n);
     codec::put_u64_le(out, s.released);
     codec::put_u64_le(out, s.batches);
+    codec::put_u64_le(out, s.late_events);
+    codec::put_u64_le(out, s.id_conflicts);
+    codec::put_u64_le(out, s.pruned_ids);
+    codec::put_u64_le(out, s.pruned_contributors);
     return out;
 }
 
@@ -131,6 +177,9 @@ struct store::impl {
     std::unique_ptr<batch_run> bulk;
     std::size_t bulk_budget = 0;
 
+    std::uint64_t wall_now() const { return options.retention.now ? options.retention.now() : now_ns(); }
+    prune_result prune_step(write_txn& txn, const prune_limits& limits, clock_record clock, consumer_stats& stats,
+                            std::vector<std::pair<std::size_t, id_log::prune_step>>& steps);
     std::vector<outcome> run(const prepared_batch& batch, const std::optional<checkpoint>& at);
     std::vector<outcome> run_bulk(const prepared_batch& batch, const std::optional<checkpoint>& at);
     void abandon_bulk();
@@ -141,7 +190,7 @@ struct store::impl {
         auto new_parked = env->table("parked/" + options.consumer);
         auto new_dead = env->table("deadletter/" + options.consumer);
         auto new_checkpoints = env->table("checkpoint/" + options.consumer);
-        auto new_ids = std::make_unique<id_log>(*env, "inbox/" + options.consumer);
+        auto new_ids = std::make_unique<id_log>(*env, "inbox/" + options.consumer, 2);
         std::vector<MDB_dbi> new_tables;
         std::vector<std::unique_ptr<id_log>> new_contributors;
         for (const auto& p : projections) {
@@ -187,6 +236,8 @@ struct prepared_batch::item {
     std::string message_id;  // the inbox key (set when the envelope parsed)
     std::uint64_t message_hash = 0;  // id_log::hash_of(message_id)
     std::uint64_t subject_hash = 0;  // the subject's hash in the batch's stream table
+    std::optional<std::uint64_t> time_ns;  // the event time, if it has one that parses
+    std::uint64_t fingerprint = 0;         // of the decoded content (or of the bytes, when malformed)
     parse_error err;  // err.why != none: the envelope is rejected as a whole
     envelope ev;
     std::vector<part> parts;  // per projection handling ev.type, in the order projections were added
@@ -282,6 +333,8 @@ void prepare_item(const store::impl& s, const delivery& d, prepared_batch::item&
     if (limit != 0 && d.body.size() > limit) {
         out.err = {reason::too_large, "the envelope has " + std::to_string(d.body.size()) +
                                           " bytes, over the limit of " + std::to_string(limit)};
+        out.time_ns.reset();
+        out.fingerprint = fingerprint_bytes(out.body);
         out.parts.clear();
         return;
     }
@@ -289,8 +342,12 @@ void prepare_item(const store::impl& s, const delivery& d, prepared_batch::item&
         out.message_id = out.transport_id.empty() ? out.ev.message_id() : transport_message_id(out.transport_id);
         out.message_hash = id_log::hash_of(out.message_id);
         out.subject_hash = std::hash<std::string_view>{}(out.ev.subject);
+        out.time_ns = parse_event_time(out.ev.time);
+        out.fingerprint = fingerprint(out.ev);
         prepare_parts(s, out.ev, out.parts);
     } else {
+        out.time_ns.reset();
+        out.fingerprint = fingerprint_bytes(out.body);
         out.parts.clear();
     }
 }
@@ -370,6 +427,10 @@ public:
         for (auto& c : s_.contributors) c->catch_up(txn_);
         if (auto v = txn_.get(s_.meta, commit_key); v && v->size() >= 8) commit_ = codec::get_u64_le(*v) + 1;
         stats = decode_stats(txn_.get(s_.meta, stats_key(s_.options.consumer)));
+        clock_ = decode_clock(txn_.get(s_.meta, clock_key(s_.options.consumer)));
+        for (const auto& p : s_.projections) {
+            contrib_floors_.push_back(get_u64_or_zero(txn_.get(s_.meta, contrib_floor_key(p->name()))));
+        }
         cursor c{txn_, s_.parked};
         parked_possible_ = c.first().has_value();
     }
@@ -399,6 +460,12 @@ public:
     void spill(std::size_t budget);
 
     consumer_stats stats;
+    /// The consumer's retention clock as this batch has moved it (prune steps in a bulk build read it).
+    const clock_record& clock() const noexcept { return clock_; }
+    void set_inbox_floor(std::uint64_t floor) noexcept { clock_.inbox_floor = std::max(clock_.inbox_floor, floor); }
+    void set_contrib_floor(std::size_t p, std::uint64_t floor) {
+        if (p < contrib_floors_.size()) contrib_floors_[p] = std::max(contrib_floors_[p], floor);
+    }
 
 private:
     struct row_slot {
@@ -416,8 +483,10 @@ private:
     };
 
     outcome deliver(const prepared_batch::item& d);
-    outcome process(const envelope& ev, std::string_view message_id, std::string_view body,
-                    const std::vector<part>& parts);
+    outcome process(const envelope& ev, std::optional<std::uint64_t> time, std::string_view message_id,
+                    std::string_view body, const std::vector<part>& parts);
+    std::optional<outcome> late(const envelope& ev, std::optional<std::uint64_t> time, std::string_view message_id,
+                                std::string_view body, const std::vector<part>& parts);
     outcome apply_projections(const envelope& ev, std::string_view message_id, std::string_view body,
                               const std::vector<part>* parts);
     void release_parked(const std::string& subject);
@@ -435,7 +504,10 @@ private:
 
     store::impl& s_;
     write_txn& txn_;
-    std::uint64_t time_ns_ = now_ns();
+    std::uint64_t time_ns_ = s_.wall_now();
+    clock_record clock_;                         // the consumer's event time and inbox floor
+    std::uint64_t clock_before_ = 0;             // the event time before the delivery being applied
+    std::vector<std::uint64_t> contrib_floors_;  // per projection: its contributing sets were pruned below this
     std::deque<string_table<row_slot>> rows_;  // per projection: the rows this batch touched
     string_table<stream_state> streams_;
     bool parked_possible_ = false;  // the parked table or this batch holds an event: release_parked must look
@@ -463,29 +535,77 @@ outcome batch_run::dead(reason why, std::string detail, std::string_view message
 
 outcome batch_run::deliver(const prepared_batch::item& d) {
     current_ = &d;
-    if (d.err.why != reason::none) {
-        // Without a valid envelope only a transport id can identify a redelivery.
-        std::string message_id;
-        if (!d.transport_id.empty()) {
-            message_id = transport_message_id(d.transport_id);
-            if (!s_.ids->stage_if_new(txn_, message_id, time_ns_)) {
-                return outcome{outcome_kind::duplicate_message, reason::none, "message already processed", 0};
+    const bool malformed = d.err.why != reason::none;
+    // Without a valid envelope only a transport id can identify a redelivery.
+    std::string transport;
+    if (malformed && !d.transport_id.empty()) transport = transport_message_id(d.transport_id);
+    const std::string& message_id = malformed ? transport : d.message_id;
+    const auto hash = malformed ? id_log::hash_of(message_id) : d.message_hash;
+    auto label = [&] { return malformed ? std::string("message") : describe(d.ev) + ": message"; };
+    if (!message_id.empty()) {
+        if (auto first = s_.ids->find(txn_, message_id, hash)) {
+            const auto first_commit = first->position == 0 ? commit_ : first->extra[1] >> 8;
+            if (first->extra[0] != 0 && first->extra[0] != d.fingerprint) {
+                // Same id, other content: the first effect stands; this one is kept for the operator.
+                ++stats.id_conflicts;
+                return dead(reason::id_conflict,
+                            label() + " '" + truncate(message_id.substr(1)) + "' was first processed in commit " +
+                                std::to_string(first_commit) + " with other content (fingerprint " +
+                                std::to_string(first->extra[0]) + ", this delivery " + std::to_string(d.fingerprint) +
+                                "); the first effect stands",
+                            message_id, d.body);
             }
+            return outcome{outcome_kind::duplicate_message, reason::none,
+                           label() + " '" + truncate(message_id.substr(1)) + "' already processed in commit " +
+                               std::to_string(first_commit),
+                           0};
         }
-        return dead(d.err.why, "malformed event: " + d.err.detail, message_id, d.body);
     }
-    const auto& ev = d.ev;
-    const auto& message_id = d.message_id;
-    if (!s_.ids->stage_if_new(txn_, message_id, time_ns_, d.message_hash)) {
-        return outcome{outcome_kind::duplicate_message, reason::none,
-                       describe(ev) + ": message '" + truncate(message_id.substr(1)) + "' already processed", 0};
+    clock_before_ = clock_.event_time;
+    if (d.time_ns) {
+        const auto limit = time_ns_ + count_ns(s_.options.retention.max_clock_skew);
+        clock_.event_time = std::max(clock_.event_time, std::min(*d.time_ns, limit));
     }
-    return process(ev, message_id, d.body, d.parts);
+    const auto stamp = s_.options.retention.clock == retention_clock::event ? clock_.event_time : time_ns_;
+    if (!message_id.empty()) s_.ids->stage(message_id, stamp, hash);
+    auto result = malformed ? dead(d.err.why, "malformed event: " + d.err.detail, message_id, d.body)
+                            : process(d.ev, d.time_ns, message_id, d.body, d.parts);
+    if (!message_id.empty()) s_.ids->annotate_last({d.fingerprint, inbox_word(commit_, result.kind)});
+    return result;
 }
 
-outcome batch_run::process(const envelope& ev, std::string_view message_id, std::string_view body,
-                           const std::vector<part>& parts) {
+std::optional<outcome> batch_run::late(const envelope& ev, std::optional<std::uint64_t> time,
+                                       std::string_view message_id, std::string_view body,
+                                       const std::vector<part>& parts) {
+    // The contributing sets of these rows prove an unsequenced event new only above their floor
+    // (where they may have been pruned) and, by policy, the horizon.
+    const auto& lateness = s_.options.retention.allowed_lateness;
+    std::uint64_t floor = 0;
+    if (lateness && clock_before_ > count_ns(*lateness)) floor = clock_before_ - count_ns(*lateness);
+    for (const auto& pt : parts) floor = std::max(floor, contrib_floors_[pt.projection]);
+    if (!lateness && floor == 0) return std::nullopt;
+    if (!time) {
+        ++stats.late_events;
+        return dead(reason::late_event,
+                    describe(ev) + ": no usable time ('" + truncate(ev.time) +
+                        "'): with an event-time horizon an unsequenced event needs one to be proven new",
+                    message_id, body);
+    }
+    if (*time >= floor) return std::nullopt;
+    ++stats.late_events;
+    return dead(reason::late_event,
+                describe(ev) + ": event time " + ev.time + " is older than the horizon (" +
+                    std::to_string((floor - *time) / 1'000'000) +
+                    " ms before it) and no sequence proves it new; its contributing sets may be pruned",
+                message_id, body);
+}
+
+outcome batch_run::process(const envelope& ev, std::optional<std::uint64_t> time, std::string_view message_id,
+                           std::string_view body, const std::vector<part>& parts) {
     if (!ev.sequence) {
+        if (!parts.empty()) {
+            if (auto rejected = late(ev, time, message_id, body, parts)) return std::move(*rejected);
+        }
         return apply_projections(ev, message_id, body, &parts);
     }
     auto seq = *ev.sequence;
@@ -630,13 +750,15 @@ outcome batch_run::apply_projections(const envelope& ev, std::string_view messag
         return outcome{outcome_kind::duplicate_event, reason::none,
                        describe(ev) + ": every row it maps to already holds its effect", 0};
     }
-    // All handlers succeeded: only now does the event touch the batch's rows.
+    // All handlers succeeded: only now does the event touch the batch's rows. Contributing-set
+    // entries carry the event time (the horizon prunes by it), or the consumer's without one.
+    const auto stamp = parse_event_time(ev.time).value_or(clock_.event_time);
     for (auto& c : staged) {
         c.slot->state = std::move(c.state);
         c.slot->header.applied += 1;
         if (c.own_stream) c.slot->header.highest_sequence = std::max(c.slot->header.highest_sequence, *ev.sequence);
         c.slot->dirty = true;
-        s_.contributors[c.projection]->stage(*c.contributor, time_ns_, c.contributor_hash);
+        s_.contributors[c.projection]->stage(*c.contributor, stamp, c.contributor_hash);
     }
     return outcome{outcome_kind::applied, reason::none, {}, 0};
 }
@@ -782,12 +904,97 @@ void batch_run::finish() {
     }
     stats.batches += 1;
     txn_.put(s_.meta, stats_key(s_.options.consumer), encode_stats(stats));
+    txn_.put(s_.meta, clock_key(s_.options.consumer), encode_clock(clock_));
     value.clear();
     codec::put_u64_le(value, commit_);
     txn_.put(s_.meta, commit_key, value);
 }
 
 }  // namespace
+
+prune_result store::impl::prune_step(write_txn& txn, const prune_limits& limits, clock_record clock,
+                                     consumer_stats& stats, std::vector<std::pair<std::size_t, id_log::prune_step>>& steps) {
+    prune_result result;
+    steps.clear();
+    const auto deadline = std::chrono::steady_clock::now() + limits.max_time;
+    std::size_t budget = limits.max_rows;
+    const auto& r = options.retention;
+    auto older_than = limits.older_than ? limits.older_than : r.inbox_retention;
+    if (older_than) {
+        ids->catch_up(txn);
+        const auto now = r.clock == retention_clock::event ? clock.event_time : wall_now();
+        const auto age = count_ns(*older_than);
+        if (now > age) {
+            auto step = ids->prune(txn, now - age, budget, deadline);
+            result.ids = step.removed;
+            result.more = step.more;
+            budget -= step.removed;
+            stats.pruned_ids += step.removed;
+            steps.emplace_back(SIZE_MAX, step);
+        }
+    }
+    if (r.allowed_lateness && clock.event_time > count_ns(*r.allowed_lateness)) {
+        const auto horizon = clock.event_time - count_ns(*r.allowed_lateness);
+        for (std::size_t p = 0; p < contributors.size() && budget > 0; ++p) {
+            contributors[p]->catch_up(txn);
+            auto step = contributors[p]->prune(txn, horizon, budget, deadline);
+            if (step.removed == 0) continue;
+            result.contributors += step.removed;
+            result.more = result.more || step.more;
+            budget -= step.removed;
+            stats.pruned_contributors += step.removed;
+            steps.emplace_back(p, step);
+            // Below this the set may no longer prove an event new: an unsequenced event there is late.
+            const auto key = contrib_floor_key(projections[p]->name());
+            const auto floor = std::max(get_u64_or_zero(txn.get(meta, key)), step.newest_removed + 1);
+            std::string value;
+            codec::put_u64_le(value, floor);
+            txn.put(meta, key, value);
+        }
+        if (budget == 0) result.more = true;
+    }
+    if (result.ids + result.contributors > 0) crash_point("during_prune");
+    return result;
+}
+
+prune_result store::prune(const prune_limits& limits) {
+    auto& s = *impl_;
+    std::vector<std::pair<std::size_t, id_log::prune_step>> steps;
+    auto forget = [&] {  // the removed entries are gone for good: the indexes drop them
+        for (const auto& [p, step] : steps) (p == SIZE_MAX ? *s.ids : *s.contributors[p]).pruned(step);
+    };
+    if (s.bulk) {
+        try {
+            auto result = s.prune_step(*s.bulk_txn, limits, s.bulk->clock(), s.bulk->stats, steps);
+            forget();  // as spill() does: abandon_bulk() rebuilds the indexes from disk
+            for (const auto& [p, step] : steps) {
+                if (p == SIZE_MAX) {
+                    s.bulk->set_inbox_floor(step.newest_removed + 1);
+                } else {
+                    s.bulk->set_contrib_floor(p, step.newest_removed + 1);
+                }
+            }
+            return result;
+        } catch (...) {
+            s.abandon_bulk();
+            throw;
+        }
+    }
+    prune_result result;
+    s.env->write([&](write_txn& txn) {
+        auto clock = decode_clock(txn.get(s.meta, clock_key(s.options.consumer)));
+        auto stats = decode_stats(txn.get(s.meta, stats_key(s.options.consumer)));
+        result = s.prune_step(txn, limits, clock, stats, steps);
+        if (result.ids + result.contributors == 0) return;
+        for (const auto& [p, step] : steps) {
+            if (p == SIZE_MAX) clock.inbox_floor = std::max(clock.inbox_floor, step.newest_removed + 1);
+        }
+        txn.put(s.meta, clock_key(s.options.consumer), encode_clock(clock));
+        txn.put(s.meta, stats_key(s.options.consumer), encode_stats(stats));
+    });
+    forget();
+    return result;
+}
 
 std::vector<outcome> store::impl::run(const prepared_batch& prepared, const std::optional<checkpoint>& at) {
     crash_point("after_decode");
@@ -858,6 +1065,14 @@ store::store(store_options options) : impl_(std::make_unique<impl>()) {
     }
     impl_->options = std::move(options);
     auto& o = impl_->options;
+    const auto& r = o.retention;
+    if (r.source && r.inbox_retention && *r.inbox_retention < r.source->bound) {
+        throw_error(errc::invalid_argument,
+                    "'" + o.path.string() + "': inbox_retention of " + format_duration(*r.inbox_retention) +
+                        " is shorter than the source's redelivery bound of " + format_duration(r.source->bound) +
+                        (r.source->what.empty() ? std::string() : " (" + r.source->what + ")") +
+                        ": ids would be pruned while the source may still redeliver them");
+    }
     environment_options eo;
     eo.map_size = std::min(o.map_size, o.max_map_size);
     eo.max_map_size = o.max_map_size;
@@ -1093,6 +1308,72 @@ std::size_t snapshot::parked(std::string_view consumer) const {
 std::size_t snapshot::dead_letter_count(std::string_view consumer) const {
     auto t = table("deadletter/" + std::string(consumer));
     return t ? txn_.entries(*t) : 0;
+}
+
+std::optional<snapshot::inbox_record> snapshot::inbox_lookup(std::string_view consumer,
+                                                             std::string_view message_id) const {
+    auto t = table("inbox/" + std::string(consumer));
+    if (!t) return std::nullopt;
+    cursor c{txn_, *t};
+    for (auto e = c.first(); e; e = c.next()) {
+        const auto& v = e->second;
+        if (v.size() < 24 || v.substr(24) != message_id) continue;
+        inbox_record r;
+        r.stamp = codec::get_u64_le(v);
+        r.fingerprint = codec::get_u64_le(v.substr(8));
+        const auto word = codec::get_u64_le(v.substr(16));
+        r.commit = word >> 8;
+        r.outcome = static_cast<outcome_kind>(word & 0xff);
+        return r;
+    }
+    return std::nullopt;
+}
+
+snapshot::retention_state snapshot::retention(std::string_view consumer) const {
+    retention_state r;
+    if (auto m = table("meta")) {
+        auto clock = decode_clock(txn_.get(*m, clock_key(consumer)));
+        r.event_time = clock.event_time;
+        r.inbox_floor = clock.inbox_floor;
+    }
+    if (auto t = table("inbox/" + std::string(consumer))) {
+        cursor c{txn_, *t};
+        if (auto first = c.first(); first && first->second.size() >= 8) r.oldest = codec::get_u64_le(first->second);
+    }
+    return r;
+}
+
+std::optional<snapshot::parked_record> snapshot::parked_lookup(std::string_view consumer,
+                                                               std::string_view message_id) const {
+    auto t = table("parked/" + std::string(consumer));
+    if (!t) return std::nullopt;
+    cursor c{txn_, *t};
+    for (auto e = c.first(); e; e = c.next()) {
+        std::string_view v = e->second;
+        if (take_str(v) != message_id) continue;
+        auto key = codec::decode_table_key(e->first);
+        if (!key || key->effect.size() != 8) continue;
+        parked_record r;
+        r.subject = key->aggregate;
+        r.sequence = codec::get_u64_be(key->effect);
+        std::uint64_t highest = 0;
+        if (auto streams = table("streams/" + std::string(consumer))) {
+            if (auto h = txn_.get(*streams, r.subject); h && h->size() >= 8) highest = codec::get_u64_le(*h);
+        }
+        r.waiting_for = highest + 1;
+        return r;
+    }
+    return std::nullopt;
+}
+
+std::size_t snapshot::contributor_entries(std::string_view projection) const {
+    auto t = table("contrib/" + std::string(projection));
+    return t ? txn_.entries(*t) : 0;
+}
+
+std::uint64_t snapshot::contributor_floor(std::string_view projection) const {
+    auto m = table("meta");
+    return m ? get_u64_or_zero(txn_.get(*m, contrib_floor_key(projection))) : 0;
 }
 
 std::vector<dead_letter> snapshot::dead_letters(std::string_view consumer) const {

@@ -25,6 +25,8 @@ std::string_view to_string(reason r) noexcept {
     case reason::unknown_type: return "unknown_type";
     case reason::too_large: return "too_large";
     case reason::invalid_utf8: return "invalid_utf8";
+    case reason::late_event: return "late_event";
+    case reason::id_conflict: return "id_conflict";
     }
     return "unknown";
 }

@@ -1,6 +1,7 @@
 #include <idem/cli/tool.hpp>
 
 #include <idem/engine/offline.hpp>
+#include <idem/storage/duration.hpp>
 #include <idem/storage/error.hpp>
 #include <idem/storage/event_log.hpp>
 
@@ -13,6 +14,7 @@
 #include <atomic>
 #include <cinttypes>
 #include <cstdio>
+#include <ctime>
 #include <iostream>
 
 namespace idem::cli {
@@ -173,6 +175,36 @@ const option log_option{"log", "FILE", "an event log (JSON Lines or binary); rep
 const option format_option{"format", "jsonl|binary", "the logs' format (default: detected from each file)"};
 const option skip_bad_option{"skip-bad", "", "skip corrupt records of binary logs and count them"};
 const option batch_option{"batch", "N", "events per write transaction"};
+const option inbox_retention_option{"inbox-retention", "D",
+                                    "prune inbox ids older than D of event time as the run goes (7d, 1h, 90m)"};
+const option lateness_option{"allowed-lateness", "D",
+                             "prune effect keys older than the highest event time minus D; older unsequenced "
+                             "events are dead-lettered as late_event"};
+
+std::optional<std::chrono::nanoseconds> duration_option(const arguments& a, std::string_view name) {
+    auto v = a.get(name);
+    if (!v) return std::nullopt;
+    auto d = parse_duration(*v);
+    if (!d) throw usage_error("option '--" + std::string(name) + "': '" + *v + "' is not a duration (7d, 1h, 90m, 30s)");
+    return d;
+}
+
+/// Logs are read on their own clock: retention ages are event time, so a rebuild is deterministic.
+void retention_from(const arguments& a, store_options& o) {
+    o.retention.clock = retention_clock::event;
+    if (auto d = duration_option(a, "inbox-retention")) o.retention.inbox_retention = d;
+    if (auto d = duration_option(a, "allowed-lateness")) o.retention.allowed_lateness = d;
+}
+
+std::string time_text(std::uint64_t ns) {
+    if (ns == 0) return "-";
+    auto t = static_cast<std::time_t>(ns / 1'000'000'000);
+    std::tm tm{};
+    ::gmtime_r(&t, &tm);
+    char buf[64];
+    std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    return buf;
+}
 
 }  // namespace
 
@@ -231,9 +263,11 @@ struct tool::impl {
         o.skip_bad = a.flag("skip-bad");
         o.batch = static_cast<std::size_t>(std::max<std::uint64_t>(1, a.number("batch", o.batch)));
         o.progress = [&bar](const log_progress& p) { bar.update(p); };
+        retention_from(a, o.store);
     }
 
     void add_builtin_commands();
+    int why(const arguments& a) const;
     int usage(std::FILE* to) const;
     int help(const command& c, std::FILE* to) const;
 };
@@ -243,7 +277,8 @@ void tool::impl::add_builtin_commands() {
         "rebuild",
         "build every projection from event logs into a fresh environment, then swap it in atomically",
         {db_option, log_option, format_option, skip_bad_option, batch_option,
-         {"memory", "MB", "rows are aggregated in memory up to about this much, then written (default 1024)"}},
+         {"memory", "MB", "rows are aggregated in memory up to about this much, then written (default 1024)"},
+         inbox_retention_option, lateness_option},
         [this](const arguments& a) {
             rebuild_options o;
             progress_bar bar{"rebuild"};
@@ -260,7 +295,8 @@ void tool::impl::add_builtin_commands() {
         "apply event logs through the live path, resumable: the log offset is committed with each batch",
         {db_option, log_option, format_option, skip_bad_option, batch_option,
          {"follow", "", "keep tailing the last log for appended events (stop with Ctrl-C or SIGTERM)"},
-         {"durability", "full|periodic|none", "fsync policy (default full: a commit is on disk before the next)"}},
+         {"durability", "full|periodic|none", "fsync policy (default full: a commit is on disk before the next)"},
+         inbox_retention_option, lateness_option},
         [this](const arguments& a) {
             consume_options o;
             progress_bar bar{"consume"};
@@ -350,6 +386,26 @@ void tool::impl::add_builtin_commands() {
             append_kv(out, "inbox_size", snap.inbox_size(consumer));
             append_kv(out, "parked", snap.parked(consumer));
             append_kv(out, "dead_letters", snap.dead_letter_count(consumer));
+            auto r = snap.retention(consumer);
+            out += ",\"retention\":{";
+            append_kv(out, "event_time_ns", r.event_time, false);
+            out += ",\"event_time\":";
+            append_json_string(out, time_text(r.event_time));
+            append_kv(out, "oldest_id_ns", r.oldest.value_or(0));
+            // Ages are measured on the consumer's event time (the clock the command line stamps ids by).
+            append_kv(out, "oldest_id_age_s", r.oldest && r.event_time > *r.oldest ? (r.event_time - *r.oldest) / 1'000'000'000 : 0);
+            append_kv(out, "inbox_floor_ns", r.inbox_floor);
+            append_kv(out, "late_events", s.late_events);
+            append_kv(out, "id_conflicts", s.id_conflicts);
+            append_kv(out, "pruned_ids", s.pruned_ids);
+            append_kv(out, "pruned_contributors", s.pruned_contributors);
+            out += ",\"contributors\":{";
+            bool first_p = true;
+            for (const auto& p : projections) {
+                append_kv(out, p->name(), snap.contributor_entries(p->name()), !first_p);
+                first_p = false;
+            }
+            out += "}}";
             out += ",\"checkpoints\":[";
             bool first = true;
             for (const auto& [source, position] : snap.checkpoints(consumer)) {
@@ -423,7 +479,8 @@ void tool::impl::add_builtin_commands() {
     commands.push_back(command{
         "verify",
         "rebuild aside from the logs and compare every projection with DIR; exit 1 naming the first different row",
-        {db_option, log_option, format_option, skip_bad_option, batch_option},
+        {db_option, log_option, format_option, skip_bad_option, batch_option, inbox_retention_option,
+         lateness_option},
         [this](const arguments& a) {
             const auto db = normalized_dir(a.required("db"));
             require_environment(db);
@@ -476,6 +533,63 @@ void tool::impl::add_builtin_commands() {
             return 0;
         }});
     commands.push_back(command{
+        "prune",
+        "remove inbox ids older than D and, with --allowed-lateness, effect keys past the event-time horizon",
+        {db_option,
+         {"older-than", "D", "inbox ids stamped more than D before the consumer's event time (7d, 1h, 90m)"},
+         lateness_option,
+         {"step", "N", "entries per transaction at most (default 10000)"}},
+        [this](const arguments& a) {
+            std::filesystem::path db = a.required("db");
+            require_environment(db);
+            auto o = store_for(db);
+            o.retention.clock = retention_clock::event;
+            o.retention.allowed_lateness = duration_option(a, "allowed-lateness");
+            prune_limits limits;
+            limits.older_than = duration_option(a, "older-than");
+            if (!limits.older_than && !o.retention.allowed_lateness) {
+                throw usage_error("give --older-than, --allowed-lateness or both");
+            }
+            limits.max_rows = static_cast<std::size_t>(std::max<std::uint64_t>(1, a.number("step", limits.max_rows)));
+            limits.max_time = std::chrono::milliseconds(200);
+            store st{o};
+            setup()(st);
+            std::uint64_t ids = 0, contributors = 0, steps = 0;
+            double worst = 0;
+            const auto started = std::chrono::steady_clock::now();
+            for (;;) {
+                const auto t0 = std::chrono::steady_clock::now();
+                auto r = st.prune(limits);
+                worst = std::max(worst, seconds(std::chrono::steady_clock::now() - t0));
+                ++steps;
+                ids += r.ids;
+                contributors += r.contributors;
+                if (!r.more) break;
+            }
+            std::string out = "{";
+            append_kv(out, "ids", ids, false);
+            append_kv(out, "contributors", contributors);
+            append_kv(out, "steps", steps);
+            append_kv(out, "inbox_size", st.inbox_size());
+            out += ",\"seconds\":" + fixed(seconds(std::chrono::steady_clock::now() - started), 3);
+            out += ",\"worst_step_ms\":" + fixed(worst * 1000, 2) + "}\n";
+            std::fprintf(stderr, "prune: removed %s inbox ids and %s effect keys in %s steps\n",
+                         with_commas(ids).c_str(), with_commas(contributors).c_str(), with_commas(steps).c_str());
+            output w;
+            w.write(out);
+            w.flush();
+            return 0;
+        }});
+    commands.push_back(command{
+        "why",
+        "explain what became of an event: applied, duplicate, parked, dead-lettered, late, or never seen",
+        {db_option,
+         {"event", "SOURCE/ID", "the event: its source and id (split at the last '/')"},
+         {"message", "ID", "or the transport message id it was delivered under"},
+         {"key", "KEY", "also say whether this row's contributing set holds the event"},
+         {"projection", "NAME", "the projection of --key (default: every projection with that row)"}},
+        [this](const arguments& a) { return why(a); }});
+    commands.push_back(command{
         "convert",
         "convert an event log between JSON Lines and the binary format (lossless both ways)",
         {{"in", "FILE", "the log to read", true},
@@ -505,6 +619,132 @@ void tool::impl::add_builtin_commands() {
             o.flush();
             return 0;
         }});
+}
+
+int tool::impl::why(const arguments& a) const {
+    std::filesystem::path db = a.required("db");
+    require_environment(db);
+    std::string message_id;
+    std::string label;
+    std::string event_effect;  // the default effect key (its event id), when the event is named
+    if (auto ev_text = a.get("event")) {
+        auto slash = ev_text->rfind('/');
+        if (slash == std::string::npos || slash == 0 || slash + 1 == ev_text->size()) {
+            throw usage_error("option '--event': '" + *ev_text + "' is not SOURCE/ID");
+        }
+        envelope ev;
+        ev.source = ev_text->substr(0, slash);
+        ev.id = ev_text->substr(slash + 1);
+        message_id = ev.message_id();
+        event_effect = ev.event_id();
+        label = "event " + ev.source + " " + ev.id;
+    } else if (auto m = a.get("message")) {
+        message_id = transport_message_id(*m);
+        label = "message " + *m;
+    } else {
+        throw usage_error("give --event SOURCE/ID or --message ID");
+    }
+    auto snap = snapshot::open(db);
+    std::string answer;
+    std::string detail;
+    auto first = snap.inbox_lookup(consumer, message_id);
+    std::optional<dead_letter> dead;
+    std::uint64_t conflicts = 0;
+    for (auto& d : snap.dead_letters(consumer)) {
+        if (d.message_id != message_id) continue;
+        if (d.why == reason::id_conflict) {
+            ++conflicts;
+        } else if (!dead) {
+            dead = std::move(d);
+        }
+    }
+    const auto retention = snap.retention(consumer);
+    if (first) {
+        const auto when = " in commit " + std::to_string(first->commit) + " (first seen at " + time_text(first->stamp) + ")";
+        switch (first->outcome) {
+        case outcome_kind::applied: answer = "applied"; detail = label + " was applied" + when; break;
+        case outcome_kind::duplicate_event:
+            answer = "duplicate_event";
+            detail = label + " was a duplicate event" + when +
+                     ": every row it maps to already held its effect key, or its stream a later sequence";
+            break;
+        case outcome_kind::parked:
+            if (auto p = snap.parked_lookup(consumer, message_id)) {
+                answer = "parked";
+                detail = label + " is parked since commit " + std::to_string(first->commit) + ": sequence " +
+                         std::to_string(p->sequence) + " of '" + p->subject + "' waits for sequence " +
+                         std::to_string(p->waiting_for);
+            } else {
+                answer = "applied";
+                detail = label + " was parked" + when + " and applied once its stream reached it";
+            }
+            break;
+        case outcome_kind::dead_lettered:
+            answer = dead && dead->why == reason::late_event ? "late" : "dead_lettered";
+            detail = label + " was dead-lettered" + when +
+                     (dead ? ": " + std::string(to_string(dead->why)) + ": " + dead->detail : std::string());
+            break;
+        case outcome_kind::ignored: answer = "ignored"; detail = label + " was ignored" + when + ": no projection handles its type"; break;
+        case outcome_kind::duplicate_message: answer = "duplicate_message"; detail = label + " was a duplicate message" + when; break;
+        }
+        detail += "; later deliveries under the same id are duplicate messages";
+    } else if (dead) {
+        answer = dead->why == reason::late_event ? "late" : "dead_lettered";
+        detail = label + " was dead-lettered: " + std::string(to_string(dead->why)) + ": " + dead->detail;
+    } else if (retention.inbox_floor != 0) {
+        answer = "not_in_inbox";
+        detail = label + " is not in the inbox: never seen, or first seen before " + time_text(retention.inbox_floor) +
+                 " and pruned since (the inbox keeps ids from " + time_text(retention.oldest.value_or(0)) + ")";
+    } else {
+        answer = "never_seen";
+        detail = label + " was never seen by consumer '" + consumer + "'";
+    }
+    if (conflicts != 0) {
+        detail += "; " + std::to_string(conflicts) + " later deliver" + (conflicts == 1 ? "y" : "ies") +
+                  " under the same id with other content were dead-lettered as id_conflict (the first effect stands)";
+    }
+    std::string rows;
+    if (auto key = a.get("key")) {
+        if (event_effect.empty()) throw usage_error("option '--key' needs --event (the effect key is the event id)");
+        std::vector<std::string> names;
+        if (auto p = a.get("projection")) {
+            names.push_back(projection_named(*p).name());
+        } else {
+            names = projection_names();
+        }
+        rows = ",\"rows\":[";
+        bool any = false;
+        for (const auto& n : names) {
+            if (!a.get("projection") && !snap.raw_row(n, *key)) continue;
+            const bool holds = snap.contributed(n, *key, event_effect);
+            if (any) rows.push_back(',');
+            any = true;
+            rows += "{\"projection\":";
+            append_json_string(rows, n);
+            rows += ",\"key\":";
+            append_json_string(rows, *key);
+            rows += std::string(",\"holds_effect\":") + (holds ? "true" : "false") + "}";
+            detail += "; row '" + *key + "' of " + n + (holds ? " holds its effect" : " does not hold it under its event id");
+            if (!holds && snap.contributor_floor(n) != 0) {
+                detail += " (its effect keys from before " + time_text(snap.contributor_floor(n)) + " were pruned)";
+            }
+        }
+        rows += "]";
+    }
+    std::string out = "{\"answer\":";
+    append_json_string(out, answer);
+    if (first) {
+        append_kv(out, "commit", first->commit);
+        append_kv(out, "first_seen_ns", first->stamp);
+    }
+    out += ",\"detail\":";
+    append_json_string(out, detail);
+    out += rows + "}\n";
+    std::fprintf(stderr, "%s\n", detail.c_str());
+    output w;
+    w.write(out);
+    w.flush();
+    return 0;
 }
 
 int tool::impl::usage(std::FILE* to) const {

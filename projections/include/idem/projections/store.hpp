@@ -10,6 +10,7 @@
 #include <idem/storage/lmdb.hpp>
 
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -74,6 +75,52 @@ enum class unknown_type_policy {
     dead_letter,  ///< dead-letter it as unknown_type (a log meant for exactly these projections)
 };
 
+/// Which clock stamps inbox entries and measures their age.
+enum class retention_clock {
+    wall,   ///< the time each message was processed (a live source: its redeliveries come in wall time)
+    event,  ///< the consumer's event time: the highest event time seen (a log: rebuilds are deterministic)
+};
+
+/// A source's redelivery bound: how long after a first delivery it may deliver the same message again.
+struct redelivery_bound {
+    std::chrono::nanoseconds bound{0};
+    std::string what;  ///< how it follows from the source's settings, for messages ("AckWait 30s x MaxDeliver 5")
+};
+
+/// What a consumer keeps, and for how long (docs/DESIGN.md, "Retention").
+struct retention_options {
+    /// Message ids older than this (on the retention clock) are pruned from the inbox; unset: kept forever.
+    std::optional<std::chrono::nanoseconds> inbox_retention{};
+    /// The retention clock.
+    retention_clock clock = retention_clock::wall;
+    /// Contributing-set entries older than the event-time horizon (the highest event time seen
+    /// minus this) are pruned, and an unsequenced event older than the horizon is dead-lettered
+    /// as late_event. Unset: contributing sets are kept forever and no event is late.
+    std::optional<std::chrono::nanoseconds> allowed_lateness{};
+    /// The source's redelivery bound; the store refuses to open with an inbox_retention shorter than it.
+    std::optional<redelivery_bound> source{};
+    /// Event times further than this ahead of the wall clock do not move the consumer's event
+    /// time beyond it (one bad clock must not expire everything).
+    std::chrono::nanoseconds max_clock_skew = std::chrono::minutes(5);
+    /// The wall clock, ns since the Unix epoch (tests replace it); unset: the system clock.
+    std::function<std::uint64_t()> now{};
+};
+
+/// Limits of one prune step (store::prune): it holds the writer for at most this long.
+struct prune_limits {
+    std::size_t max_rows = 10000;                ///< entries deleted per step at most
+    std::chrono::microseconds max_time{2000};    ///< time per step at most
+    /// Prune inbox ids older than this instead of the configured inbox_retention (idem prune --older-than).
+    std::optional<std::chrono::nanoseconds> older_than{};
+};
+
+/// What one prune step removed.
+struct prune_result {
+    std::size_t ids = 0;           ///< inbox entries removed
+    std::size_t contributors = 0;  ///< contributing-set entries removed
+    bool more = false;             ///< stopped at a limit: call again
+};
+
 /// One dead-lettered delivery.
 struct dead_letter {
     std::uint64_t position = 0;  ///< order in the dead-letter table
@@ -89,6 +136,10 @@ struct consumer_stats {
     std::array<std::uint64_t, outcome_kinds> outcomes{};  ///< indexed by outcome_kind
     std::uint64_t released = 0;                            ///< parked events applied once their gap filled
     std::uint64_t batches = 0;                             ///< committed batches
+    std::uint64_t late_events = 0;                         ///< dead-lettered as late_event (also in outcomes)
+    std::uint64_t id_conflicts = 0;                        ///< dead-lettered as id_conflict (also in outcomes)
+    std::uint64_t pruned_ids = 0;                          ///< inbox entries pruned
+    std::uint64_t pruned_contributors = 0;                 ///< contributing-set entries pruned
 };
 
 /// Options of a store.
@@ -101,6 +152,7 @@ struct store_options {
     std::size_t max_event_bytes = std::size_t{1} << 20;  ///< larger envelopes are dead-lettered as too_large (0: no limit)
     std::size_t map_size = std::size_t{1} << 30;       ///< initial map size (address space; the file grows as written)
     std::size_t max_map_size = std::size_t{1} << 40;   ///< the map never grows past this (then: map_full)
+    retention_options retention{};                     ///< inbox retention and the event-time horizon
     /// Called inside the write transaction right before commit with the commit number; throwing aborts
     /// the batch (tests use it to inject storage failures and to observe commit order).
     std::function<void(std::uint64_t commit)> before_commit{};
@@ -175,6 +227,11 @@ public:
     void begin_bulk(std::size_t memory_budget);
     /// Writes the remaining rows in key order and commits the bulk build (one commit number).
     void end_bulk();
+    /// Runs one bounded prune step in its own transaction (or inside a running bulk build):
+    /// inbox ids past inbox_retention (or limits.older_than) and contributing-set entries past
+    /// the event-time horizon, oldest first, within limits. Returns what it removed; call
+    /// again while result.more. Nothing to prune without retention settings.
+    prune_result prune(const prune_limits& limits = {});
     /// Closes and reopens the environment and rebuilds every index from disk (after MDB_PANIC).
     /// Waits until no snapshot of this process is live.
     void reopen();
@@ -283,6 +340,36 @@ public:
     std::size_t dead_letter_count(std::string_view consumer) const;
     /// Returns a consumer's dead letters in the order they were recorded.
     std::vector<dead_letter> dead_letters(std::string_view consumer) const;
+
+    /// What a consumer's inbox says of one message id.
+    struct inbox_record {
+        std::uint64_t stamp = 0;        ///< on the retention clock, ns since the Unix epoch
+        std::uint64_t fingerprint = 0;  ///< of the content first delivered
+        std::uint64_t commit = 0;       ///< the commit that recorded its first delivery
+        outcome_kind outcome = outcome_kind::applied;  ///< what its first delivery did
+    };
+    /// Looks a message id up in a consumer's inbox (walks the inbox: diagnostics only). For an
+    /// envelope's own id pass envelope::message_id(), for a transport id transport_message_id().
+    std::optional<inbox_record> inbox_lookup(std::string_view consumer, std::string_view message_id) const;
+    /// Retention figures of a consumer.
+    struct retention_state {
+        std::uint64_t event_time = 0;        ///< the highest event time seen (ns; 0: none yet)
+        std::optional<std::uint64_t> oldest; ///< stamp of the oldest inbox id
+        std::uint64_t inbox_floor = 0;       ///< ids stamped before this may have been pruned
+    };
+    retention_state retention(std::string_view consumer) const;
+    /// Where a consumer holds a parked message: its stream, sequence, and the sequence the stream waits for.
+    struct parked_record {
+        std::string subject;
+        std::uint64_t sequence = 0;
+        std::uint64_t waiting_for = 0;
+    };
+    /// Looks a message id up among a consumer's parked events (walks them: diagnostics only).
+    std::optional<parked_record> parked_lookup(std::string_view consumer, std::string_view message_id) const;
+    /// Returns the number of entries in a projection's contributing sets (all rows).
+    std::size_t contributor_entries(std::string_view projection) const;
+    /// Returns the event time below which a projection's contributing sets were pruned (0: never).
+    std::uint64_t contributor_floor(std::string_view projection) const;
 
 private:
     std::optional<MDB_dbi> table(const std::string& name) const;

@@ -29,6 +29,8 @@ enum class reason {
     unknown_type,             ///< no projection handles the type (when the consumer rejects unknown types)
     too_large,                ///< the envelope exceeds the consumer's size limit
     invalid_utf8,             ///< the body is not valid UTF-8
+    late_event,               ///< older than the event-time horizon with no sequence to prove it new
+    id_conflict,              ///< a message id already processed, redelivered with different content
 };
 
 /// Returns the stable text of a reason ("missing_id", ...).

@@ -6,19 +6,26 @@
 // "contrib/<projection>").
 //
 // On disk it is an append-only log keyed by a monotonically increasing position
-// (8-byte big-endian), value = [processing time, ns, u64 LE][message id]. Appends
+// (8-byte big-endian), value = [stamp, u64 LE][extra words, u64 LE each][id]. The stamp is
+// a time in ns on the owner's clock (the inbox: its retention clock, never decreasing along
+// the log; a contributing set: the event time), the extra words are the owner's (the inbox
+// keeps the content fingerprint and the commit and outcome of the first delivery). Appends
 // with MDB_APPEND touch only the rightmost leaf page, so a batch of n ids dirties
 // about n*(16+id)/4096 pages instead of one random leaf per id. Lookups by id use an
 // in-memory hash index (64-bit hash -> position) that is derived from the log: built
 // at open, caught up with entries appended by other processes at the start of every
 // write, and only extended after a commit succeeds. Every hit is confirmed against
 // the log entry itself, so a hash collision can never turn into a false duplicate.
-// Positions are never reused; commit order is processing-time order, which is what
-// pruning by age needs (it deletes from the head).
+// Positions are never reused (pruning keeps the last entry, so the log never restarts).
+// Pruning deletes from the head while stamps are older than a cutoff, in bounded steps; the
+// index keeps slots of pruned entries as reusable tombstones (they are below the head).
 
 #include <idem/storage/lmdb.hpp>
 
+#include <array>
+#include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -30,17 +37,36 @@ namespace idem {
 /// Not thread-safe: used by the single writer that owns the table.
 class id_log {
 public:
-    /// Opens (creating) the table and builds the index from it.
-    id_log(environment& env, const std::string& table);
+    /// Words an entry may carry besides its stamp and id.
+    static constexpr std::size_t max_extra = 2;
+    /// One recorded id.
+    struct entry {
+        std::uint64_t position = 0;  ///< 0 while staged in the batch being built
+        std::uint64_t stamp = 0;
+        std::array<std::uint64_t, max_extra> extra{};
+    };
+    /// What one prune step did.
+    struct prune_step {
+        std::size_t removed = 0;
+        bool more = false;                ///< stopped at a limit with expired entries left
+        std::uint64_t newest_removed = 0; ///< the highest stamp among the removed entries
+    };
+
+    /// Opens (creating) the table and builds the index from it; entries carry extra_words words.
+    id_log(environment& env, const std::string& table, std::size_t extra_words = 0);
 
     /// Extends the index with entries other writers appended since it was last current.
     void catch_up(const txn_base& txn);
     /// Returns whether id was recorded, in the log as txn sees it or staged in this batch.
     bool contains(const txn_base& txn, std::string_view id) const;
     /// Records id for the batch being built; it becomes visible to contains() at once.
-    void stage(std::string_view id, std::uint64_t time_ns);
+    void stage(std::string_view id, std::uint64_t stamp);
     /// Stages id unless it is recorded or staged already; returns whether it was new (one hash, one probe).
-    bool stage_if_new(const txn_base& txn, std::string_view id, std::uint64_t time_ns);
+    bool stage_if_new(const txn_base& txn, std::string_view id, std::uint64_t stamp);
+    /// Returns id's entry, recorded or staged, or nullopt.
+    std::optional<entry> find(const txn_base& txn, std::string_view id, std::uint64_t hash) const;
+    /// Sets the extra words of the entry staged last.
+    void annotate_last(const std::array<std::uint64_t, max_extra>& extra);
 
     // The same with the id's hash computed ahead (hash_of), e.g. on another thread, and a
     // prefetch of where a lookup of that hash will probe: a writer looking a few ids ahead
@@ -48,8 +74,8 @@ public:
     /// Returns the hash the index uses for id.
     static std::uint64_t hash_of(std::string_view id) noexcept;
     bool contains(const txn_base& txn, std::string_view id, std::uint64_t hash) const;
-    void stage(std::string_view id, std::uint64_t time_ns, std::uint64_t hash);
-    bool stage_if_new(const txn_base& txn, std::string_view id, std::uint64_t time_ns, std::uint64_t hash);
+    void stage(std::string_view id, std::uint64_t stamp, std::uint64_t hash);
+    bool stage_if_new(const txn_base& txn, std::string_view id, std::uint64_t stamp, std::uint64_t hash);
     /// Asks the CPU to bring the index slot for hash into cache.
     void prefetch(std::uint64_t hash) const noexcept {
         if (!slots_.empty()) __builtin_prefetch(&slots_[static_cast<std::size_t>(hash) & (slots_.size() - 1)]);
@@ -60,6 +86,19 @@ public:
     void committed();
     /// Drops the staged ids (the batch was aborted).
     void rolled_back();
+
+    /// Deletes entries from the head while their stamp is below cutoff, at most max_rows of
+    /// them and until the deadline, never the last entry. Call pruned() after the commit.
+    prune_step prune(write_txn& txn, std::uint64_t cutoff, std::size_t max_rows,
+                     std::chrono::steady_clock::time_point deadline);
+    /// Forgets the entries a committed prune() removed.
+    void pruned(const prune_step& step) noexcept;
+    /// Returns the oldest entry as txn sees it, or nullopt if the log is empty.
+    std::optional<entry> oldest(const txn_base& txn) const;
+    /// Decodes a stored entry (value as stored under position).
+    entry decode(std::uint64_t position, std::string_view value) const;
+    /// Returns the id of a stored entry's value.
+    std::string_view id_of(std::string_view value) const noexcept { return value.substr(std::min(value.size(), 8 * (1 + extra_words_))); }
 
     /// Returns the number of ids the index holds (committed).
     std::size_t size() const noexcept { return count_; }
@@ -73,18 +112,23 @@ private:
     };
     struct staged_id {
         std::string id;
-        std::uint64_t time_ns = 0;
+        std::uint64_t stamp = 0;
         std::uint64_t hash = 0;
+        std::array<std::uint64_t, max_extra> extra{};
     };
     void insert(std::uint64_t hash, std::uint64_t position);
     void rebuild(const txn_base& txn);
-    bool indexed(const txn_base& txn, std::string_view id, std::uint64_t hash) const;
-    bool staged(std::string_view id, std::uint64_t hash) const;
-    void stage_hashed(std::string_view id, std::uint64_t time_ns, std::uint64_t hash);
+    std::optional<entry> indexed(const txn_base& txn, std::string_view id, std::uint64_t hash) const;
+    const staged_id* staged(std::string_view id, std::uint64_t hash) const;
+    void stage_hashed(std::string_view id, std::uint64_t stamp, std::uint64_t hash);
+    bool live(const slot& s) const noexcept { return s.position > head_; }  // position + 1 > head: not pruned
 
     MDB_dbi table_;
+    std::size_t extra_words_ = 0;
     std::vector<slot> slots_;
-    std::size_t count_ = 0;
+    std::size_t count_ = 0;     // live entries
+    std::size_t occupied_ = 0;  // non-empty slots: live entries and tombstones of pruned ones
+    std::uint64_t head_ = 1;    // the first position not pruned
     std::uint64_t next_position_ = 1;  // the position the next append gets
     std::vector<staged_id> staged_;
     std::vector<std::uint32_t> staged_slots_;  // open addressing over staged_: index + 1; 0 marks an empty slot
