@@ -437,6 +437,132 @@ class log_format_test(cli_case):
         self.assertEqual(out["skipped"], 1)
 
 
+
+class bad_input_test(cli_case):
+    """What the user sees for each class of bad input (docs/BAD_INPUT.md)."""
+
+    def bad_line(self, i, typ="order.line_added", data='{"order_id":"o","amount":1}', extra=""):
+        return f'{{"id":"x{i}","source":"/s","type":"{typ}","subject":"o"{extra},"data":{data}}}'.encode()
+
+    def test_every_bad_event_in_a_log_is_a_dead_letter_with_its_reason_and_where_it_was(self):
+        lines = [
+            (b'{"id":"x1","source":"/s",', "invalid_json", "the body is not a single JSON object"),
+            (b'["id","x2"]', "invalid_json", "the body is not a single JSON object"),
+            (b'{"source":"/s","type":"order.line_added"}', "missing_id", "attribute 'id' is missing or empty"),
+            (b'{"id":"x4","type":"order.line_added"}', "missing_source", "attribute 'source' is missing or empty"),
+            (b'{"id":"x5","source":"/s","type":""}', "missing_type", "attribute 'type' is missing or empty"),
+            (b'{"id":"x6","source":"/s","type":"order.line_added","time":12}', "invalid_field",
+             "attribute 'time' must be a string"),
+            (b'{"id":"x7","id":"x7","source":"/s","type":"order.line_added"}', "invalid_field",
+             "attribute 'id' appears twice"),
+            (b'{"specversion":"0.3","id":"x8","source":"/s","type":"order.line_added"}', "unsupported_specversion",
+             'specversion "0.3" is not supported (only "1.0")'),
+            (self.bad_line(9, extra=',"sequence":"three"'), "invalid_sequence",
+             "attribute 'sequence' must be a decimal integer, got \"three\""),
+            (self.bad_line(10, data='{"order_id":"o","amount":"ten"}'), "decode_failed",
+             "projection 'order-totals': data does not decode as order.line_added: field 'amount': expected an integer"),
+            (self.bad_line(11, typ="order.cancelled"), "unknown_type", "no projection handles type 'order.cancelled'"),
+            (self.bad_line(12, data='{"order_id":"' + "k" * 600 + '","amount":1}'), "key_too_long",
+             "exceeds LMDB's 511-byte key limit"),
+            (self.bad_line(13, data='{"order_id":"","amount":1}'), "missing_key", "an aggregate key is empty"),
+            (self.bad_line(14, data='{"order_id":"o","amount":1,"pad":"' + "x" * (1 << 20) + '"}'), "too_large",
+             "over the limit of 1048576"),
+            (self.bad_line(15, typ="order.filled", data='{"account":"a","instrument":"X","side":"hold","qty":1,'
+                                                        '"price":1,"exec_id":"E1"}'), "handler_failed",
+             "handler threw: fill 'E1': side must be \"buy\" or \"sell\", got \"hold\""),
+            (b'{"id":"x16\xff","source":"/s","type":"order.line_added"}', "invalid_utf8", "the body is not valid UTF-8"),
+        ]
+        log = self.path("bad.jsonl")
+        offsets = []
+        with open(log, "wb") as f:
+            f.write(self.bad_line(0) + b"\n")  # one good event
+            for body, _, _ in lines:
+                offsets.append(f.tell())
+                f.write(body + b"\n")
+        out = json.loads(run("rebuild", "--db", self.path("db"), "--log", log).stdout)  # bad input is not an error
+        self.assertEqual(out["outcomes"]["applied"], 1)
+        self.assertEqual(out["outcomes"]["dead_lettered"], len(lines))
+        letters = jsonl(run("deadletters", "--db", self.path("db")).stdout)
+        self.assertEqual([d["reason"] for d in letters], [why for _, why, _ in lines])
+        for i, (d, (_, _, says)) in enumerate(zip(letters, lines)):
+            self.assertTrue(d["detail"].startswith(f"{log}:{i + 2} (byte offset {offsets[i]}): "), d["detail"])
+            self.assertIn(says, d["detail"])
+
+    def test_logs_that_cannot_be_read_exit_2_naming_the_file_and_the_cause(self):
+        self.gen("a.jsonl", events=50)
+        run("convert", "--in", self.path("a.jsonl"), "--out", self.path("a.bin"), "--to", "binary")
+        good = read_bytes(self.path("a.bin"))
+        cases = [
+            (self.dir, [], ": read at offset 0 failed: Is a directory"),
+            (self.path("a.bin"), ["--format", "jsonl"], ": is a binary log, not jsonl"),
+            (self.path("a.jsonl"), ["--format", "binary"], ": is a jsonl log, not binary"),
+            (self.path("v2.bin"), [], ": binary log format version 2; this build reads version 1"),
+            (self.path("cut.bin"), [], ": binary log header cut short (11 of 16 bytes)"),
+            (self.path("flags.bin"), [], ": unknown binary log flags 0x00000001"),
+        ]
+        with open(self.path("v2.bin"), "wb") as f:
+            f.write(good[:8] + b"\x02" + good[9:])
+        with open(self.path("cut.bin"), "wb") as f:
+            f.write(good[:11])
+        with open(self.path("flags.bin"), "wb") as f:
+            f.write(good[:12] + b"\x01" + good[13:])
+        for log, extra, says in cases:
+            p = run("rebuild", "--db", self.path("db"), "--log", log, *extra, check=False)
+            self.assertEqual(p.returncode, 2, log)
+            self.assertIn(log + says, p.stderr)
+            self.assertFalse(os.path.exists(self.path("db")))
+        p = run("convert", "--in", self.path("a.jsonl"), "--out", self.path("a.jsonl"), "--to", "binary", check=False)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn(self.path("a.jsonl") + ": cannot convert a log onto itself", p.stderr)
+
+    def test_an_environment_that_is_not_lmdb_exits_2(self):
+        db = self.path("db")
+        os.makedirs(db)
+        with open(os.path.join(db, "data.mdb"), "wb") as f:
+            f.write(os.urandom(8192))
+        p = run("stats", "--db", db, check=False)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn(f"cannot open LMDB environment '{db}'", p.stderr)
+
+    def test_usage_errors_name_the_option_and_show_the_usage(self):
+        log = self.path("a.jsonl")
+        db = self.path("db")
+        cases = [
+            (["frobnicate"], "idem: unknown command 'frobnicate'"),
+            (["stats", "positional"], "idem stats: unexpected argument 'positional' (options start with --)"),
+            (["stats", "--db", db, "--bogus"], "idem stats: unknown option '--bogus'"),
+            (["stats", "--db", db, "--db", db], "idem stats: option '--db' given twice"),
+            (["stats", "--db"], "idem stats: option '--db' needs a value (DIR)"),
+            (["rebuild", "--db", db], "idem rebuild: missing option '--log FILE'"),
+            (["rebuild", "--db", db, "--log", log, "--format", "xml"],
+             "idem rebuild: option '--format': 'xml' is neither jsonl nor binary"),
+            (["rebuild", "--db", db, "--log", log, "--memory", "lots"],
+             "idem rebuild: option '--memory': 'lots' is not a non-negative whole number"),
+            (["rebuild", "--db", db, "--log", log, "--memory", str((1 << 40) + 1)],
+             f"idem rebuild: option '--memory': {(1 << 40) + 1} MB is too large"),
+            (["convert", "--in", log, "--out", db, "--to", "xml"],
+             "idem convert: option '--to': 'xml' is neither jsonl nor binary"),
+            (["consume", "--db", db, "--log", log, "--durability", "maybe"],
+             "idem consume: option '--durability': 'maybe' is not full, periodic or none"),
+            (["dump", "--db", db, "--projection", "nope"],
+             "idem dump: no projection named 'nope' (this tool has: order-totals, positions, leaderboard, inventory)"),
+            (["gen", "--out", log, "--redeliver", "2"], "idem gen: shares are between 0 and 1"),
+        ]
+        for args, says in cases:
+            p = run(*args, check=False)
+            self.assertEqual(p.returncode, 1, args)
+            self.assertIn(says, p.stderr)
+            self.assertIn("usage: idem", p.stderr)
+            self.assertFalse(os.path.exists(db))
+
+    def test_get_of_a_row_that_does_not_exist_exits_1_naming_it(self):
+        self.gen("a.jsonl", events=50)
+        run("rebuild", "--db", self.path("db"), "--log", self.path("a.jsonl"))
+        p = run("get", "--db", self.path("db"), "--projection", "positions", "--key", "nobody", check=False)
+        self.assertEqual(p.returncode, 1)
+        self.assertEqual(p.stderr, "idem get: projection 'positions' has no row 'nobody'\n")
+        self.assertEqual(p.stdout, "")
+
 if __name__ == "__main__":
     IDEM = os.path.abspath(sys.argv.pop(1))
     result = unittest.main(exit=False, verbosity=2).result

@@ -29,11 +29,29 @@ bool same(const idem::envelope& a, const idem::envelope& b) {
            a.sequence == b.sequence && a.time == b.time && a.msgid == b.msgid && a.data == b.data;
 }
 
+// What simdjson's DOM parser, which validates the whole document, makes of text: the oracle
+// for "is this one JSON object". Its number limits (no infinities, 64-bit integers) are not
+// JSON's, so a number it refuses proves nothing.
+enum class oracle { object, not_object, invalid, unsure };
+
+oracle judge(std::string_view text) {
+    static simdjson::dom::parser dom;
+    simdjson::dom::element root;
+    auto e = dom.parse(text.data(), text.size()).get(root);
+    if (e == simdjson::NUMBER_ERROR || e == simdjson::BIGINT_ERROR || e == simdjson::DEPTH_ERROR) return oracle::unsure;
+    if (e != simdjson::SUCCESS) return oracle::invalid;
+    return root.is_object() ? oracle::object : oracle::not_object;
+}
+
 void check_parse(idem::envelope_parser& parser, std::string_view text) {
     idem::envelope ev;
     idem::parse_error err;
     const bool ok = parser.parse(text, ev, err);
     require(ok == (err.why == idem::reason::none), "parse() result and err.why disagree", text);
+    const auto verdict = judge(text);
+    const bool syntax = err.why == idem::reason::invalid_json || err.why == idem::reason::invalid_utf8;
+    require(verdict == oracle::unsure || syntax == (verdict != oracle::object),
+            syntax ? "valid JSON rejected as invalid_json or invalid_utf8" : "invalid JSON not rejected as such", text);
     if (!ok) {
         require(!err.detail.empty(), "a rejection without a detail", text);
         require(idem::to_string(err.why) != "unknown", "a rejection with an unnamed reason", text);
