@@ -30,7 +30,7 @@ bool same(const idem::envelope& a, const idem::envelope& b) {
 }
 
 // What simdjson's DOM parser, which validates the whole document, makes of text: the oracle
-// for "is this one JSON object". Its number limits (no infinities, 64-bit integers) are not
+// for "is this one JSON object". Its number limits (no infinities) are not
 // JSON's, so a number it refuses proves nothing.
 enum class oracle { object, not_object, invalid, unsure };
 
@@ -38,7 +38,7 @@ oracle judge(std::string_view text) {
     static simdjson::dom::parser dom;
     simdjson::dom::element root;
     auto e = dom.parse(text.data(), text.size()).get(root);
-    if (e == simdjson::NUMBER_ERROR || e == simdjson::BIGINT_ERROR || e == simdjson::DEPTH_ERROR) return oracle::unsure;
+    if (e == simdjson::NUMBER_ERROR || e == simdjson::DEPTH_ERROR) return oracle::unsure;
     if (e != simdjson::SUCCESS) return oracle::invalid;
     return root.is_object() ? oracle::object : oracle::not_object;
 }
