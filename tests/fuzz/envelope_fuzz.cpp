@@ -48,10 +48,12 @@ void check_parse(idem::envelope_parser& parser, std::string_view text) {
     idem::parse_error err;
     const bool ok = parser.parse(text, ev, err);
     require(ok == (err.why == idem::reason::none), "parse() result and err.why disagree", text);
+    // Never accept what is not one JSON object, never call one malformed. (A body with several
+    // defects is rejected for the first one found, which need not be its syntax.)
     const auto verdict = judge(text);
     const bool syntax = err.why == idem::reason::invalid_json || err.why == idem::reason::invalid_utf8;
-    require(verdict == oracle::unsure || syntax == (verdict != oracle::object),
-            syntax ? "valid JSON rejected as invalid_json or invalid_utf8" : "invalid JSON not rejected as such", text);
+    require(!(ok && (verdict == oracle::invalid || verdict == oracle::not_object)), "invalid JSON accepted", text);
+    require(!(syntax && verdict == oracle::object), "a valid JSON object rejected as invalid_json or invalid_utf8", text);
     if (!ok) {
         require(!err.detail.empty(), "a rejection without a detail", text);
         require(idem::to_string(err.why) != "unknown", "a rejection with an unnamed reason", text);
