@@ -4,6 +4,7 @@
 #include <idem/storage/event_log.hpp>
 
 #include <simdjson.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -84,11 +85,18 @@ int run_main(int argc, char** argv, std::string_view program, const std::vector<
         std::filesystem::create_directories(o.dir);
         run_result r = found->run(o);
         const auto rss = peak_rss_kb(static_cast<int>(::getpid())) + r.extra_rss_kb;
+        // The whole process's CPU time (every thread, setup included): on a shared machine a
+        // steadier measure of a CPU-bound variant's cost than its wall time.
+        rusage usage{};
+        ::getrusage(RUSAGE_SELF, &usage);
+        const double cpu = static_cast<double>(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) +
+                           static_cast<double>(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6;
         std::string line = "result variant=" + name + " limit=" + std::to_string(o.limit) +
                            " messages=" + std::to_string(r.messages) + " applied=" + std::to_string(r.applied) +
                            " duplicates=" + std::to_string(r.duplicates) + " seconds=" + idem_bench::fixed(r.seconds, 6) +
                            " write_bytes=" + std::to_string(r.write_bytes) + " wchar=" + std::to_string(r.wchar) +
-                           " store_bytes=" + std::to_string(r.store_bytes) + " rss_kb=" + std::to_string(rss);
+                           " store_bytes=" + std::to_string(r.store_bytes) + " rss_kb=" + std::to_string(rss) +
+                           " cpu_seconds=" + idem_bench::fixed(cpu, 3);
         if (r.has_state) line += " " + state_fields(r.state);
         for (const auto& [k, v] : r.figures) line += " " + k + "=" + v;
         std::printf("%s\n", line.c_str());

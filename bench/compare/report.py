@@ -122,6 +122,8 @@ def main(out):
                 "wchar": statistics.median(int(r["wchar"]) / n for r in rs),
                 "store": statistics.median(int(r["store_bytes"]) for r in rs),
                 "rss": statistics.median(int(r["rss_kb"]) for r in rs),
+                "cpu": (statistics.median(float(r["cpu_seconds"]) * 1e6 / n for r in rs)
+                        if all("cpu_seconds" in r for r in rs) else None),
             }
     idem = medians.get(IDEM, {}).get("rate")
 
@@ -133,10 +135,11 @@ def main(out):
                   f"integer amounts; median of {config.get('runs', '?')} runs, each variant in its own process. "
                   f"Rows marked * ran the first {commas(int(config.get('prefix', 0)))} messages (one fsync each).")
         md.append("")
-        md.append("| variant | msgs/s | vs idem live-256 | write_bytes/msg | wchar/msg | store MiB | peak RSS MiB |")
-        md.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+        md.append("| variant | msgs/s | vs idem live-256 | write_bytes/msg | wchar/msg | store MiB | peak RSS MiB "
+                  "| CPU µs/msg |")
+        md.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
         csv.append("variant,description,messages,runs,msgs_per_s,ratio_to_idem_live_256,write_bytes_per_msg,"
-                   "wchar_per_msg,store_bytes,peak_rss_kb")
+                   "wchar_per_msg,store_bytes,peak_rss_kb,cpu_us_per_msg")
         for name, _, desc in VARIANTS:
             if name not in medians:
                 continue
@@ -144,16 +147,20 @@ def main(out):
             ratio = m["rate"] / idem if idem else float("nan")
             star = " *" if by[name][0]["limit"] != "0" else ""
             store = f"{m['store'] / 2**20:.1f}" if m["store"] else "—"
+            cpu = f"{m['cpu']:.1f}" if m["cpu"] is not None else "—"
             md.append(f"| {desc}{star} | {commas(m['rate'])} | {ratio:.3f}x | {commas(m['write'])} | "
-                      f"{commas(m['wchar'])} | {store} | {m['rss'] / 1024:.0f} |")
+                      f"{commas(m['wchar'])} | {store} | {m['rss'] / 1024:.0f} | {cpu} |")
             csv.append(f"{name},\"{desc}\",{m['messages']},{m['runs']},{m['rate']:.0f},{ratio:.4f},"
-                       f"{m['write']:.0f},{m['wchar']:.0f},{m['store']:.0f},{m['rss']:.0f}")
+                       f"{m['write']:.0f},{m['wchar']:.0f},{m['store']:.0f},{m['rss']:.0f},"
+                       + (f"{m['cpu']:.2f}" if m["cpu"] is not None else ""))
         md.append("")
         md.append("write_bytes and wchar are /proc/<pid>/io deltas over the timed loop (PostgreSQL: the "
                   "server's processes plus the client, including a CHECKPOINT after the loop; SQLite: "
                   "including a wal_checkpoint after the loop), divided by messages. write_bytes is what the "
                   "kernel charged for writeback (large page-cache folios inflate it); wchar the bytes handed "
-                  "to write calls. PostgreSQL's peak RSS adds its backend's to the client's.")
+                  "to write calls. PostgreSQL's peak RSS adds its backend's to the client's. CPU µs/msg is the "
+                  "variant process's user + system time (all threads, setup included; PostgreSQL: the client only) "
+                  "per message: steadier than msgs/s for CPU-bound variants on a shared machine.")
         md.append("")
 
         def best(family):
