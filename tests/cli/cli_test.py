@@ -547,6 +547,8 @@ class bad_input_test(cli_case):
             (["dump", "--db", db, "--projection", "nope"],
              "idem dump: no projection named 'nope' (this tool has: order-totals, positions, leaderboard, inventory)"),
             (["gen", "--out", log, "--redeliver", "2"], "idem gen: shares are between 0 and 1"),
+            (["rebuild", "--db", db, "--log", log, "--allowed-lateness", "soon"],
+             "idem rebuild: option '--allowed-lateness': 'soon' is not a duration (7d, 1h, 90m, 30s)"),
         ]
         for args, says in cases:
             p = run(*args, check=False)
@@ -554,6 +556,24 @@ class bad_input_test(cli_case):
             self.assertIn(says, p.stderr)
             self.assertIn("usage: idem", p.stderr)
             self.assertFalse(os.path.exists(db))
+
+    def test_prune_and_why_say_what_they_need(self):
+        self.gen("a.jsonl", events=50)
+        db = self.path("db")
+        run("rebuild", "--db", db, "--log", self.path("a.jsonl"))
+        for args, says in [
+            (["prune", "--db", db], "idem prune: give --older-than, --allowed-lateness or both"),
+            (["prune", "--db", db, "--older-than", "later"],
+             "idem prune: option '--older-than': 'later' is not a duration (7d, 1h, 90m, 30s)"),
+            (["why", "--db", db], "idem why: give --event SOURCE/ID or --message ID"),
+            (["why", "--db", db, "--event", "no-slash"], "idem why: option '--event': 'no-slash' is not SOURCE/ID"),
+            (["why", "--db", db, "--message", "m-1", "--key", "k"],
+             "idem why: option '--key' needs --event (the effect key is the event id)"),
+        ]:
+            p = run(*args, check=False)
+            self.assertEqual(p.returncode, 1, args)
+            self.assertIn(says, p.stderr)
+            self.assertIn("usage: idem", p.stderr)
 
     def test_get_of_a_row_that_does_not_exist_exits_1_naming_it(self):
         self.gen("a.jsonl", events=50)

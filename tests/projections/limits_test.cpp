@@ -142,6 +142,16 @@ TEST_CASE("a row written by a newer state version is refused, not misread") {
     CHECK(row->version == 1);  // the failed batch left nothing behind
 }
 
+TEST_CASE("a consumer name that is empty or holds '/' is refused") {
+    temp_dir dir;
+    for (const char* name : {"", "a/b"}) {
+        auto o = options(dir.env());
+        o.consumer = name;
+        const auto says = "consumer name '" + std::string(name) + "' must be non-empty without '/'";
+        CHECK_THROWS_WITH_AS(idem::store{o}, doctest::Contains(says.c_str()), std::system_error);
+    }
+}
+
 namespace {
 struct scoreboard {
     std::int64_t total = 0;
