@@ -156,7 +156,7 @@ int main(int argc, char** argv) {
     // Baseline: the same load for as long as the prune will take (estimated by a first pass
     // that stops once the prune is done; the baseline then runs the same number of seconds).
     auto pruning = live_load(dir, submitters, true, 0, [&](const idem::engine& e) {
-        return e.stats().pruned_ids >= ids - 1;
+        return e.read().stats("bench").pruned_ids >= ids - 1;  // in batches and in separate steps
     });
     const auto prune_seconds = pruning.seconds;
     const auto baseline_until = clock_type::now() + std::chrono::duration<double>(std::max(prune_seconds, 2.0));
@@ -169,9 +169,11 @@ int main(int argc, char** argv) {
     print("baseline (no prune)", baseline);
     print("during the prune", pruning);
     const auto& p = pruning.stats.prune_seconds;
-    std::printf("prune: %s ids in %.2f s, %s steps; step p50 %.2f ms, p99 %.2f ms, max %.2f ms\n",
-                with_commas(pruning.stats.pruned_ids).c_str(), prune_seconds, with_commas(p.count).c_str(),
-                p.p50 * 1e3, p.p99 * 1e3, p.max * 1e3);
+    std::printf("prune: %s ids in %.2f s: %s with the batches, %s in %s separate steps (step p50 %.2f ms, p99 %.2f ms, "
+                "max %.2f ms)\n",
+                with_commas(ids - 1).c_str(), prune_seconds, with_commas(ids - 1 - pruning.stats.pruned_ids).c_str(),
+                with_commas(pruning.stats.pruned_ids).c_str(), with_commas(p.count).c_str(), p.p50 * 1e3, p.p99 * 1e3,
+                p.max * 1e3);
     std::printf("worst ack delay added by pruning: %+.2f ms (max %.2f vs %.2f ms), p99 %+.2f ms; "
                 "worst batch (commit) %.2f vs %.2f ms\n",
                 pruning.ack_max_ms - baseline.ack_max_ms, pruning.ack_max_ms, baseline.ack_max_ms,

@@ -180,6 +180,14 @@ struct store::impl {
     std::uint64_t wall_now() const { return options.retention.now ? options.retention.now() : now_ns(); }
     prune_result prune_step(write_txn& txn, const prune_limits& limits, clock_record clock, consumer_stats& stats,
                             std::vector<std::pair<std::size_t, id_log::prune_step>>& steps);
+    void prune_in_batch(write_txn& txn, batch_run& run, std::vector<std::pair<std::size_t, id_log::prune_step>>& steps);
+    void forget_pruned(const std::vector<std::pair<std::size_t, id_log::prune_step>>& steps) {
+        // The removed entries are gone for good: the indexes drop them (after the commit).
+        for (const auto& [p, step] : steps) (p == SIZE_MAX ? *ids : *contributors[p]).pruned(step);
+    }
+    bool retaining() const noexcept {
+        return options.retention.inbox_retention.has_value() || options.retention.allowed_lateness.has_value();
+    }
     std::vector<outcome> run(const prepared_batch& batch, const std::optional<checkpoint>& at);
     std::vector<outcome> run_bulk(const prepared_batch& batch, const std::optional<checkpoint>& at);
     void abandon_bulk();
@@ -957,12 +965,25 @@ prune_result store::impl::prune_step(write_txn& txn, const prune_limits& limits,
     return result;
 }
 
+void store::impl::prune_in_batch(write_txn& txn, batch_run& run,
+                                 std::vector<std::pair<std::size_t, id_log::prune_step>>& steps) {
+    steps.clear();
+    if (!retaining() || options.retention.prune_per_batch == 0) return;
+    prune_step(txn, prune_limits{options.retention.prune_per_batch, std::chrono::milliseconds(1), {}}, run.clock(),
+               run.stats, steps);
+    for (const auto& [p, step] : steps) {
+        if (p == SIZE_MAX) {
+            run.set_inbox_floor(step.newest_removed + 1);
+        } else {
+            run.set_contrib_floor(p, step.newest_removed + 1);
+        }
+    }
+}
+
 prune_result store::prune(const prune_limits& limits) {
     auto& s = *impl_;
     std::vector<std::pair<std::size_t, id_log::prune_step>> steps;
-    auto forget = [&] {  // the removed entries are gone for good: the indexes drop them
-        for (const auto& [p, step] : steps) (p == SIZE_MAX ? *s.ids : *s.contributors[p]).pruned(step);
-    };
+    auto forget = [&] { s.forget_pruned(steps); };
     if (s.bulk) {
         try {
             auto result = s.prune_step(*s.bulk_txn, limits, s.bulk->clock(), s.bulk->stats, steps);
@@ -1001,11 +1022,14 @@ std::vector<outcome> store::impl::run(const prepared_batch& prepared, const std:
     write_txn txn{*env};
     batch_run run{*this, txn};
     auto outcomes = run.deliver_all(prepared.items_, at);
+    std::vector<std::pair<std::size_t, id_log::prune_step>> pruned;
+    prune_in_batch(txn, run, pruned);  // expired entries leave with the batch's own commit
     run.finish();
     if (options.before_commit) options.before_commit(run.commit());
     crash_point("before_commit");
     txn.commit();
     crash_point("after_commit");
+    forget_pruned(pruned);
     ids->committed();
     for (auto& c : contributors) c->committed();
     return outcomes;
@@ -1013,6 +1037,9 @@ std::vector<outcome> store::impl::run(const prepared_batch& prepared, const std:
 
 std::vector<outcome> store::impl::run_bulk(const prepared_batch& prepared, const std::optional<checkpoint>& at) {
     auto outcomes = bulk->deliver_all(prepared.items_, at);
+    std::vector<std::pair<std::size_t, id_log::prune_step>> pruned;
+    prune_in_batch(*bulk_txn, *bulk, pruned);
+    forget_pruned(pruned);  // as spill() does: abandon_bulk() rebuilds the indexes from disk
     bulk->spill(bulk_budget);
     return outcomes;
 }

@@ -35,8 +35,9 @@ struct engine_options {
     std::chrono::microseconds max_delay{0};           ///< how long a busy writer lingers to fill a batch
     std::size_t max_in_flight = 65536;                ///< accepted and not completed; past it submissions wait
     std::chrono::milliseconds sync_interval{10};      ///< periodic durability: the shortest time between commits
-    /// With store.retention set, the writer prunes every prune_interval, one bounded step
-    /// (prune_step) between batches at a time until nothing has expired.
+    /// With store.retention set, every batch removes up to retention.prune_per_batch expired
+    /// entries in its own transaction, and an idle writer runs bounded steps (prune_step, each
+    /// its own commit) every prune_interval until nothing has expired.
     std::chrono::milliseconds prune_interval{1000};
     prune_limits prune_step{};
 };
@@ -63,8 +64,8 @@ struct engine_stats {
     distribution batch_size;          ///< deliveries per committed batch
     distribution commit_seconds;      ///< apply + commit (+ sync) time per batch
     distribution ack_seconds;         ///< submission to completion per delivery
-    std::uint64_t pruned_ids = 0;           ///< inbox entries pruned by the writer
-    std::uint64_t pruned_contributors = 0;  ///< contributing-set entries pruned by the writer
+    std::uint64_t pruned_ids = 0;           ///< inbox entries pruned by separate steps (consumer_stats: all)
+    std::uint64_t pruned_contributors = 0;  ///< contributing-set entries pruned by separate steps
     std::uint64_t prune_failures = 0;       ///< prune steps that failed (retried at the next interval)
     distribution prune_seconds;             ///< time per prune step (the writer is busy meanwhile)
 };

@@ -102,14 +102,17 @@ struct retention_options {
     /// Event times further than this ahead of the wall clock do not move the consumer's event
     /// time beyond it (one bad clock must not expire everything).
     std::chrono::nanoseconds max_clock_skew = std::chrono::minutes(5);
+    /// Each batch's transaction also removes up to this many expired entries (no extra commit,
+    /// no extra fsync; 0: only store::prune removes them).
+    std::size_t prune_per_batch = 1000;
     /// The wall clock, ns since the Unix epoch (tests replace it); unset: the system clock.
     std::function<std::uint64_t()> now{};
 };
 
 /// Limits of one prune step (store::prune): it holds the writer for at most this long.
 struct prune_limits {
-    std::size_t max_rows = 10000;                ///< entries deleted per step at most
-    std::chrono::microseconds max_time{2000};    ///< time per step at most
+    std::size_t max_rows = 1000;                 ///< entries deleted per step at most
+    std::chrono::microseconds max_time{1000};    ///< time per step at most (its commit comes on top)
     /// Prune inbox ids older than this instead of the configured inbox_retention (idem prune --older-than).
     std::optional<std::chrono::nanoseconds> older_than{};
 };
