@@ -14,8 +14,9 @@
 //   sim [--seed N] [--deliveries N] [--world N] [--long] [--seconds N] [--jobs N] [--verbose]
 //
 // On divergence it prints the seed, world and step and exits 1; `sim --seed S --world W` reruns
-// that world alone, identically for its store phases (engine phases batch as threads race, so
-// those are checked against whatever order the engine committed in).
+// that world alone, identically up to its first engine phase (engine phases batch as threads
+// race, so they are checked against whatever order the engine committed in, and the state
+// after one may differ between runs).
 
 #include <idem/engine/engine.hpp>
 #include <idem/projections/store.hpp>
