@@ -293,6 +293,8 @@ def write_plot(out, medians, scale):
         "set format x '%.0e'",
     ]
     if scale:
+        sizes = [int(r["messages"]) for r in scale]
+        gp.append(f"set xrange [{min(sizes) / 2}:{max(sizes) * 2}]")
         gp.append(f"plot '{out}/scale.dat' using 1:2 with linespoints lw 2 pt 7 lc rgb '#c00000'")
     else:
         gp += ["set label 1 'run tools/bench --scale' at graph 0.3, graph 0.5", "plot [1e6:1e8] [0:1] 1/0"]
