@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <system_error>
 #include <vector>
 
@@ -284,6 +285,20 @@ void environment::adopt_resize() {
 }
 
 MDB_txn* environment::begin(unsigned flags, std::shared_lock<std::shared_mutex>& gate, bool adopt) {
+    if ((flags & MDB_RDONLY) == 0) {
+        // A reader process killed inside a snapshot leaves its slot pinning that snapshot's
+        // pages: no page freed after it could be reused and the file would grow until some
+        // process opened the environment again. The writer clears dead slots itself, at most
+        // once a second (it only walks the used slots).
+        const std::int64_t now =
+            std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+                .count();
+        auto last = readers_checked_at_.load(std::memory_order_relaxed);
+        if (now - last >= 1'000'000'000 && readers_checked_at_.compare_exchange_strong(last, now)) {
+            int dead = 0;
+            mdb_reader_check(env_, &dead);  // best effort: a failure here leaves the slots for the next check
+        }
+    }
     for (;;) {
         if (!gate.owns_lock()) gate = std::shared_lock{gate_};
         MDB_txn* txn = nullptr;

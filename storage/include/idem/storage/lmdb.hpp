@@ -121,6 +121,7 @@ private:
     std::mutex tables_mutex_;  // guards tables_ only; never held while waiting for anything
     std::map<std::string, MDB_dbi, std::less<>> tables_;
     std::atomic<std::uint64_t> generation_{0};  // bumped by reopen(): handles from before are void
+    std::atomic<std::int64_t> readers_checked_at_{0};  // steady-clock ns of the writer's last mdb_reader_check
 };
 
 /// Common read access of both transaction kinds.
