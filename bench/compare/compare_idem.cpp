@@ -2,6 +2,9 @@
 //
 //   live-1, live-16, live-256   the engine (one writer, group commit), durability::full,
 //                               that many closed-loop submitters sharing one log reader
+//   live-256-retention          live-256 with a 2-second inbox retention window: the inbox
+//                               size after the run (a redelivery later than the window is
+//                               caught by the row's contributing set, as duplicate_event)
 //   apply-1000                  the synchronous store::apply, 1000 deliveries per
 //                               transaction, durability::full: idem batched exactly as the
 //                               textbook peers are
@@ -20,6 +23,7 @@
 #include <boost/asio/use_awaitable.hpp>
 
 #include <chrono>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <cstdint>
@@ -59,6 +63,7 @@ struct live_state {
     std::uint64_t applied = 0;
     std::uint64_t duplicates = 0;
     std::uint64_t other = 0;
+    bool event_duplicates = false;  // duplicate_event counts as a duplicate (inbox retention on)
     std::error_code failure;
 
     // The io_context runs on one thread: submitters take records in turn without a lock.
@@ -84,7 +89,8 @@ asio::awaitable<void> submitter(idem::engine& engine, live_state& s) {
             s.failure = ec;
         } else if (out.kind == idem::outcome_kind::applied) {
             ++s.applied;
-        } else if (out.kind == idem::outcome_kind::duplicate_message) {
+        } else if (out.kind == idem::outcome_kind::duplicate_message ||
+                   (s.event_duplicates && out.kind == idem::outcome_kind::duplicate_event)) {
             ++s.duplicates;
         } else {
             ++s.other;
@@ -92,18 +98,22 @@ asio::awaitable<void> submitter(idem::engine& engine, live_state& s) {
     }
 }
 
-run_result run_live(const run_options& o, std::size_t submitters) {
+run_result run_live(const run_options& o, std::size_t submitters,
+                    std::optional<std::chrono::seconds> retention = std::nullopt) {
     run_result r;
     const auto db = o.dir / "db";
     {
         asio::io_context io{1};
-        idem::engine engine{io.get_executor(),
-                            idem::engine_options{.store = {.path = db, .consumer = consumer, .sync = idem::durability::full},
-                                                 .max_batch = 4096,
-                                                 .max_delay = std::chrono::microseconds(0),
-                                                 .max_in_flight = 65536}};
+        idem::engine_options eo{.store = {.path = db, .consumer = consumer, .sync = idem::durability::full},
+                                .max_batch = 4096,
+                                .max_delay = std::chrono::microseconds(0),
+                                .max_in_flight = 65536};
+        if (retention) eo.store.retention.inbox_retention = *retention;
+        idem::engine engine{io.get_executor(), std::move(eo)};
         engine.add(idem_bench::order_totals_projection());
         live_state s{o.log, o.limit};
+        s.event_duplicates = retention.has_value();
+        if (retention) r.figures.emplace_back("retention_s", std::to_string(retention->count()));
 
         const auto io_before = idem_bench::read_io();
         const auto start = clock_type::now();
@@ -274,6 +284,8 @@ int main(int argc, char** argv) {
                         {"live-1", [](const run_options& o) { return run_live(o, 1); }},
                         {"live-16", [](const run_options& o) { return run_live(o, 16); }},
                         {"live-256", [](const run_options& o) { return run_live(o, 256); }},
+                        {"live-256-retention",
+                         [](const run_options& o) { return run_live(o, 256, std::chrono::seconds(2)); }},
                         {"apply-1000", [](const run_options& o) { return run_apply(o, 1000); }},
                         {"rebuild-binary", [](const run_options& o) { return run_rebuild(o, o.log); }},
                         {"rebuild-jsonl", [](const run_options& o) { return run_rebuild(o, o.jsonl); }},

@@ -18,6 +18,7 @@ VARIANTS = [
     ("live-1", "idem", "idem engine, durability full, 1 submitter (1 fsync per message)"),
     ("live-16", "idem", "idem engine, durability full, group commit, 16 submitters"),
     ("live-256", "idem", "idem engine, durability full, group commit, 256 submitters"),
+    ("live-256-retention", "idem", "idem engine as live-256, with a 2 s inbox retention window"),
     ("apply-1000", "idem", "idem store.apply, 1000 msgs/txn, durability full (batched as the peers)"),
     ("rebuild-binary", "idem", "idem offline rebuild from the binary log"),
     ("rebuild-jsonl", "idem", "idem offline rebuild from JSON Lines"),
@@ -207,8 +208,13 @@ def main(out):
     if IDEM in by:
         md.append(f"- inbox size after the live run: {commas(int(by[IDEM][0]['inbox_ids']))} message ids "
                   f"(every distinct id: the inbox keeps them all today)")
-    md.append("- inbox size after a long run with a short retention window: not measured yet "
-              "(inbox retention is not available in this build)")
+    if "live-256-retention" in by:
+        r = by["live-256-retention"][len(by["live-256-retention"]) // 2]
+        md.append(f"- inbox size after the live run with a {r['retention_s']} s inbox retention window: "
+                  f"{commas(int(r['inbox_ids']))} message ids (redeliveries past the window are caught by the "
+                  f"rows' contributing sets; the state still matches)")
+    else:
+        md.append("- inbox size after a long run with a short retention window: not measured")
 
     if scale:
         md.append("")
