@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <condition_variable>
+#include <cstdio>
 #include <deque>
 #include <exception>
 #include <mutex>
@@ -310,6 +311,25 @@ private:
 
 }  // namespace
 
+namespace {
+
+// Whether path starts with an LMDB meta page: a 16-byte page header, then the magic 0xBEEFC0DE
+// (in the writing machine's byte order). An empty file is an environment never written yet.
+bool lmdb_file(const std::filesystem::path& path) {
+    std::FILE* f = std::fopen(path.c_str(), "rb");
+    if (f == nullptr) return false;
+    unsigned char head[20] = {};
+    const auto n = std::fread(head, 1, sizeof head, f);
+    std::fclose(f);
+    if (n == 0) return true;
+    if (n < sizeof head) return false;
+    const bool little = head[16] == 0xde && head[17] == 0xc0 && head[18] == 0xef && head[19] == 0xbe;
+    const bool big = head[16] == 0xbe && head[17] == 0xef && head[18] == 0xc0 && head[19] == 0xde;
+    return little || big;
+}
+
+}  // namespace
+
 log_run_result rebuild(const rebuild_options& options) {
     const auto target = normalized_dir(options.store.path);
     if (target == target.root_path()) throw_error(errc::invalid_argument, "rebuild: no target directory given");
@@ -321,6 +341,11 @@ log_run_result rebuild(const rebuild_options& options) {
         if (!std::filesystem::is_empty(target) && !std::filesystem::exists(target / "data.mdb")) {
             throw_error(errc::invalid_argument,
                         target.string() + ": exists and is not an idem environment (no data.mdb); not replacing it");
+        }
+        if (std::filesystem::exists(target / "data.mdb") && !lmdb_file(target / "data.mdb")) {
+            throw_error(errc::invalid_argument, target.string() +
+                                                    ": its data.mdb is not an LMDB file (no LMDB meta page); "
+                                                    "not replacing it");
         }
     }
     rebuild_lock lock{target};

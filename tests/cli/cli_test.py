@@ -523,6 +523,13 @@ class bad_input_test(cli_case):
         p = run("stats", "--db", db, check=False)
         self.assertEqual(p.returncode, 2)
         self.assertIn(f"cannot open LMDB environment '{db}'", p.stderr)
+        # rebuild would swap it out and delete it: it refuses instead, and leaves it as it was.
+        self.gen("a.jsonl", events=50)
+        before = read_bytes(os.path.join(db, "data.mdb"))
+        p = run("rebuild", "--db", db, "--log", self.path("a.jsonl"), check=False)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("its data.mdb is not an LMDB file", p.stderr)
+        self.assertEqual(read_bytes(os.path.join(db, "data.mdb")), before)
 
     def test_usage_errors_name_the_option_and_show_the_usage(self):
         log = self.path("a.jsonl")
