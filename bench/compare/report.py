@@ -207,7 +207,7 @@ def main(out):
                   f"{h['cold_us_per_event']} µs ({h['hot_over_cold']}x)")
     if IDEM in by:
         md.append(f"- inbox size after the live run: {commas(int(by[IDEM][0]['inbox_ids']))} message ids "
-                  f"(every distinct id: the inbox keeps them all today)")
+                  f"(no retention window: every distinct id)")
     if "live-256-retention" in by:
         r = by["live-256-retention"][len(by["live-256-retention"]) // 2]
         md.append(f"- inbox size after the live run with a {r['retention_s']} s inbox retention window: "
