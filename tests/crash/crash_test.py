@@ -51,7 +51,7 @@ PROJECTIONS = {"trading": ["positions"], "game": ["leaderboard", "inventory"], "
 # random kills per consume scenario, engine submitters.
 CI = {"events": 800, "aggregates": 40, "batch": {"trading": 3, "game": 4, "orders": 3}, "k": 6,
       "random_kills": 25, "rebuild_k": 4, "engine_submitters": [2, 8]}
-LONG = {"events": 4000, "aggregates": 150, "batch": {"trading": 5, "game": 7, "orders": 4}, "k": 12,
+LONG = {"events": 2000, "aggregates": 80, "batch": {"trading": 5, "game": 7, "orders": 4}, "k": 10,
         "random_kills": 60, "rebuild_k": 10, "engine_submitters": [1, 4, 16]}
 
 
@@ -431,7 +431,6 @@ class driver:
         self.opts, self.size, self.points = opts, size, points
         self.tally = tally()
         self.consume_options = idem("consume", "--help").stdout.decode()
-        self.rebuild_options = idem("rebuild", "--help").stdout.decode()
 
     # --- logs --------------------------------------------------------------------------
 
