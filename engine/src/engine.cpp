@@ -319,7 +319,18 @@ void engine::impl::commit(std::vector<pending_apply>& batch) {
             ec = make_error_code(errc::storage_failed);
         }
     }
-    if (ec && ec == errc::panic) {
+    bool fatal = ec && ec == errc::panic;
+    if (ec && !fatal && ec != errc::map_full) {
+        // A failed meta-page write leaves LMDB's environment fatal while the commit reports
+        // EIO or ENOSPC: probe with a read, so the environment is reopened now and not after
+        // one more batch fails (and reads fail meanwhile).
+        try {
+            (void)st->read();
+        } catch (const std::system_error& e) {
+            fatal = e.code() == errc::panic;
+        }
+    }
+    if (fatal) {
         // The environment is unusable: reopen it and rebuild every index from disk, so that a
         // commit whose outcome is unknown is judged by what is on disk when it is redelivered.
         try {

@@ -426,13 +426,10 @@ TEST_CASE("the engine under a full or failing disk acknowledges only what is dur
     check_child("child: the engine under a full disk");
 }
 
-// Known to fail: engine.cpp reopens the environment only when a commit fails with MDB_PANIC. A
-// failed meta page write leaves LMDB's environment fatally flagged but returns the errno (EIO,
-// ENOSPC), so the engine does not reopen: every read() then throws "LMDB panic" until another
-// batch arrives, and that batch fails as a whole with MDB_PANIC (its deliveries must be
-// redelivered) before the engine finally reopens.
-TEST_CASE("after one failed meta page write the engine reads and applies again without failing another batch" *
-          doctest::may_fail()) {
+// A failed meta page write leaves LMDB's environment fatally flagged but returns the errno (EIO,
+// ENOSPC): the engine must notice and reopen at once, not after one more batch failed with
+// MDB_PANIC (and every read() in between).
+TEST_CASE("after one failed meta page write the engine reads and applies again without failing another batch") {
     if (idem_faults::injector_library().empty()) {
         MESSAGE("skipped: IDEM_FAULTS_LIB does not name the injector library (meson test sets it)");
         return;
