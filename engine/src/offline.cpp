@@ -183,8 +183,7 @@ private:
                 queue_.pop_front();
                 changed_.notify_all();
             }
-            store_.apply(p.batch, p.at);
-            prune();
+            store_.apply(p.batch, p.at);  // expired entries leave inside each batch's transaction
             {
                 std::lock_guard lock{mutex_};
                 recycled_.push_back(std::move(p.batch));  // its strings' capacity serves the next batch
@@ -193,15 +192,6 @@ private:
             progress_.records = p.records;
             progress_.bytes = p.bytes;
             report();
-        }
-    }
-
-    void prune() {
-        // Retention keeps pace with the log: expired ids and effect keys go as the run moves on
-        // (with the event clock a rebuild ends with the inbox a live run would have).
-        const auto& r = options_.store.retention;
-        if (!r.inbox_retention && !r.allowed_lateness) return;
-        while (store_.prune(prune_limits{100'000, std::chrono::milliseconds(50), {}}).more) {
         }
     }
 

@@ -969,8 +969,13 @@ void store::impl::prune_in_batch(write_txn& txn, batch_run& run,
                                  std::vector<std::pair<std::size_t, id_log::prune_step>>& steps) {
     steps.clear();
     if (!retaining() || options.retention.prune_per_batch == 0) return;
-    prune_step(txn, prune_limits{options.retention.prune_per_batch, std::chrono::milliseconds(1), {}}, run.clock(),
-               run.stats, steps);
+    // On the event clock a batch removes everything that expired: then what a commit holds
+    // depends only on the log and the batch boundaries, never on timing (a resumed or
+    // repeated run gives the same inbox and the same outcomes).
+    const bool event_clock = options.retention.clock == retention_clock::event;
+    const auto limits = event_clock ? prune_limits{SIZE_MAX, std::chrono::hours(24), {}}
+                                    : prune_limits{options.retention.prune_per_batch, std::chrono::milliseconds(1), {}};
+    prune_step(txn, limits, run.clock(), run.stats, steps);
     for (const auto& [p, step] : steps) {
         if (p == SIZE_MAX) {
             run.set_inbox_floor(step.newest_removed + 1);

@@ -75,6 +75,19 @@ environment::environment(std::filesystem::path path, const environment_options& 
     open_handle(options_.map_size);
 }
 
+namespace {
+
+// Whether the environment at dir holds a data file shorter than its two meta pages: its
+// creation was cut short, and it cannot hold a single commit.
+bool torn_creation(const std::filesystem::path& dir) {
+    std::error_code ec;
+    const auto size = std::filesystem::file_size(dir / "data.mdb", ec);
+    const auto page = static_cast<std::uintmax_t>(::sysconf(_SC_PAGESIZE));
+    return !ec && size > 0 && size < 2 * page;
+}
+
+}  // namespace
+
 void environment::open_handle(std::size_t map_size) {
     if (int rc = mdb_env_create(&env_); rc != 0) {
         throw_lmdb(rc, "cannot create " + describe(path_));
@@ -94,7 +107,18 @@ void environment::open_handle(std::size_t map_size) {
     // periodic keeps LMDB's sync per commit: under MDB_NOSYNC a system crash can corrupt the
     // file, not just lose commits. Its pacing (fewer, larger commits) is the engine's job.
     if (options_.sync == durability::none) flags |= MDB_NOSYNC;
-    if (int rc = mdb_env_open(env_, path_.c_str(), flags, 0644); rc != 0) fail(rc, "cannot open");
+    const int opened = mdb_env_open(env_, path_.c_str(), flags, 0644);
+    if (opened != 0 && !options_.read_only && torn_creation(path_)) {
+        // A process killed while LMDB wrote a new environment's two meta pages (one 8 KiB
+        // write) leaves a file that can hold no commit and that LMDB refuses for ever; an
+        // empty file is a new environment to LMDB, so start it again.
+        std::filesystem::resize_file(path_ / "data.mdb", 0);
+        mdb_env_close(env_);
+        env_ = nullptr;
+        open_handle(map_size);
+        return;
+    }
+    if (opened != 0) fail(opened, "cannot open");
     // Reader slots of crashed processes would pin old pages forever (and grow the file).
     int dead = 0;
     if (int rc = mdb_reader_check(env_, &dead); rc != 0) fail(rc, "cannot check readers of");

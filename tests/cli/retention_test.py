@@ -47,7 +47,7 @@ class retention_cli_test(cli_case):
             event("a", "o1", 500, "2026-12-02T09:00:00Z"),                    # same id, other content
         ])
         db = self.path("db")
-        run("rebuild", "--db", db, "--log", log, "--allowed-lateness", "1h")
+        run("rebuild", "--db", db, "--log", log, "--allowed-lateness", "1h", "--batch", "1")
 
         a = self.why(db, "--event", "/shop/a", "--key", "o1")
         self.assertEqual(a["answer"], "applied")

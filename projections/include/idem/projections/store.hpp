@@ -103,7 +103,8 @@ struct retention_options {
     /// time beyond it (one bad clock must not expire everything).
     std::chrono::nanoseconds max_clock_skew = std::chrono::minutes(5);
     /// Each batch's transaction also removes up to this many expired entries (no extra commit,
-    /// no extra fsync; 0: only store::prune removes them).
+    /// no extra fsync; 0: only store::prune removes them). On the event clock a batch removes
+    /// all that expired, so a log run's state depends on the log alone, not on timing.
     std::size_t prune_per_batch = 1000;
     /// The wall clock, ns since the Unix epoch (tests replace it); unset: the system clock.
     std::function<std::uint64_t()> now{};
