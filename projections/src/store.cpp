@@ -180,6 +180,8 @@ struct store::impl {
     std::uint64_t wall_now() const { return options.retention.now ? options.retention.now() : now_ns(); }
     prune_result prune_step(write_txn& txn, const prune_limits& limits, clock_record clock, consumer_stats& stats,
                             std::vector<std::pair<std::size_t, id_log::prune_step>>& steps);
+    prune_result prune_run(write_txn& txn, const prune_limits& limits, batch_run& run,
+                           std::vector<std::pair<std::size_t, id_log::prune_step>>& steps);
     void prune_in_batch(write_txn& txn, batch_run& run, std::vector<std::pair<std::size_t, id_log::prune_step>>& steps);
     void forget_pruned(const std::vector<std::pair<std::size_t, id_log::prune_step>>& steps) {
         // The removed entries are gone for good: the indexes drop them (after the commit).
@@ -975,7 +977,13 @@ void store::impl::prune_in_batch(write_txn& txn, batch_run& run,
     const bool event_clock = options.retention.clock == retention_clock::event;
     const auto limits = event_clock ? prune_limits{SIZE_MAX, std::chrono::hours(24), {}}
                                     : prune_limits{options.retention.prune_per_batch, std::chrono::milliseconds(1), {}};
-    prune_step(txn, limits, run.clock(), run.stats, steps);
+    prune_run(txn, limits, run, steps);
+}
+
+prune_result store::impl::prune_run(write_txn& txn, const prune_limits& limits, batch_run& run,
+                                    std::vector<std::pair<std::size_t, id_log::prune_step>>& steps) {
+    // A prune inside a batch's transaction: the batch writes the floors with its clock record.
+    auto result = prune_step(txn, limits, run.clock(), run.stats, steps);
     for (const auto& [p, step] : steps) {
         if (p == SIZE_MAX) {
             run.set_inbox_floor(step.newest_removed + 1);
@@ -983,6 +991,7 @@ void store::impl::prune_in_batch(write_txn& txn, batch_run& run,
             run.set_contrib_floor(p, step.newest_removed + 1);
         }
     }
+    return result;
 }
 
 prune_result store::prune(const prune_limits& limits) {
@@ -991,15 +1000,8 @@ prune_result store::prune(const prune_limits& limits) {
     auto forget = [&] { s.forget_pruned(steps); };
     if (s.bulk) {
         try {
-            auto result = s.prune_step(*s.bulk_txn, limits, s.bulk->clock(), s.bulk->stats, steps);
+            auto result = s.prune_run(*s.bulk_txn, limits, *s.bulk, steps);
             forget();  // as spill() does: abandon_bulk() rebuilds the indexes from disk
-            for (const auto& [p, step] : steps) {
-                if (p == SIZE_MAX) {
-                    s.bulk->set_inbox_floor(step.newest_removed + 1);
-                } else {
-                    s.bulk->set_contrib_floor(p, step.newest_removed + 1);
-                }
-            }
             return result;
         } catch (...) {
             s.abandon_bulk();

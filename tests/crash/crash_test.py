@@ -353,38 +353,6 @@ def differences(state, ref, with_batches=True):
     return out
 
 
-def prune_lag(state, ref):
-    """Names how state is ref with pruning behind, or returns None if it is not that.
-
-    The prune after a batch is a transaction of its own, so a kill between the batch's
-    commit and it (after_commit, during_prune, or from outside) leaves ids and effect keys
-    that the uninterrupted run had pruned at that checkpoint; the prune after the next
-    batch catches up. Meanwhile a redelivery of such an id is a duplicate_message where
-    the uninterrupted run, which had pruned the id, judged it a duplicate_event (and
-    recorded its id): the rows are the same, the counters differ from then on."""
-    a, b = counters(state), counters(ref)
-    if a is None or b is None or state["dumps"] != ref["dumps"]:
-        return None
-    for k in b:
-        if k not in ("inbox_size", "pruned_ids", "pruned_contributors", "outcomes") and a.get(k) != b[k]:
-            return None
-    ids, contributors = a.get("pruned_ids", 0), a.get("pruned_contributors", 0)
-    if ids > b.get("pruned_ids", 0) or contributors > b.get("pruned_contributors", 0):
-        return None
-    swapped = a["outcomes"]["duplicate_message"] - b["outcomes"]["duplicate_message"]
-    if swapped < 0 or a["outcomes"]["duplicate_event"] != b["outcomes"]["duplicate_event"] - swapped:
-        return None
-    if any(a["outcomes"][k] != b["outcomes"][k] for k in OUTCOMES if k not in ("duplicate_message", "duplicate_event")):
-        return None
-    if a["inbox_size"] + ids != b["inbox_size"] + b.get("pruned_ids", 0) - swapped:
-        return None
-    if swapped:
-        return "prune lag, then a redelivery judged duplicate_message, not duplicate_event"
-    if (ids, contributors) != (b.get("pruned_ids", 0), b.get("pruned_contributors", 0)):
-        return "prune lag"
-    return None
-
-
 class references:
     """Reference states of one consume scenario by checkpoint offset: the log cut at the
     offset, consumed into a fresh environment with no crash point armed."""
@@ -457,13 +425,7 @@ class driver:
         offset = checkpoint_of(state, log)
         problems = invariants(state, log, offset, bool(extra))
         if state is not None:  # else killed before the environment was made: nothing was committed
-            ref = refs.at(offset)
-            lag = None  # expired entries leave inside the batch's own transaction: no lag is tolerated
-            if lag:
-                self.tally.known(lag, f"{what}\n  checkpoint {offset} (seed {log.seed}):\n  - " +
-                                 "\n  - ".join(differences(state, ref)))
-            else:
-                problems += differences(state, ref)
+            problems += differences(state, refs.at(offset))
         if problems:
             raise divergence(f"{what}\n  checkpoint {offset} of {log.path} (seed {log.seed}), db {db}\n  - " +
                              "\n  - ".join(problems))
@@ -477,13 +439,8 @@ class driver:
         if offset != len(log.content):
             problems.append(f"the run ended at checkpoint {offset}, the log has {len(log.content)} bytes")
         ref = refs.at(len(log.content))
-        lag = None  # expired entries leave inside the batch's own transaction: no lag is tolerated
-        if lag:
-            self.tally.known(lag + " (at the end)", f"{what}\n  {log.path} (seed {log.seed}):\n  - " +
-                             "\n  - ".join(differences(state, ref)))
-        else:
-            problems += differences(state, ref)
-            problems += [f"vs rebuild: {d}" for d in differences(state, full, with_batches=False)]
+        problems += differences(state, ref)
+        problems += [f"vs rebuild: {d}" for d in differences(state, full, with_batches=False)]
         if not extra:
             want = {k: log.expected["outcomes"].get(k, 0) for k in OUTCOMES}
             got = {k: state["stats"]["outcomes"].get(k, 0) for k in OUTCOMES}
@@ -801,8 +758,6 @@ def main():
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     ap.add_argument("--retention", default="--inbox-retention 300ms",
                     help="the retention scenario's options (default: --inbox-retention 300ms)")
-    ap.add_argument("--strict", action="store_true",
-                    help="fail the known deviations too (README.md, \"Known deviations\")")
     ap.add_argument("--events", type=int, help="distinct events per log (overrides the size)")
     ap.add_argument("--k", type=int, help="crash at N = 1..k (overrides the size)")
     opts = ap.parse_args()
