@@ -1,5 +1,7 @@
 #include <idem/projections/store.hpp>
 
+#include "row_journal.hpp"
+
 #include <idem/storage/canonical.hpp>
 #include <idem/storage/crash_point.hpp>
 #include <idem/storage/duration.hpp>
@@ -12,6 +14,8 @@
 #include <iterator>
 #include <chrono>
 #include <map>
+#include <mutex>
+#include <tuple>
 #include <unordered_map>
 
 namespace idem {
@@ -30,7 +34,8 @@ std::string_view to_string(outcome_kind k) noexcept {
 
 namespace {
 
-constexpr std::uint32_t storage_format = 2;  // 2: inbox entries carry a fingerprint, commit and outcome
+// 2: inbox entries carry a fingerprint, commit and outcome; 3: changed rows go to a journal first
+constexpr std::uint32_t storage_format = 3;
 constexpr std::string_view format_key = "format";
 constexpr std::string_view commit_key = "commit";
 
@@ -170,6 +175,7 @@ struct store::impl {
     std::vector<std::unique_ptr<projection_base>> projections;
     std::vector<MDB_dbi> tables;
     std::vector<std::unique_ptr<id_log>> contributors;  // per projection: row + effect key pairs
+    std::vector<std::unique_ptr<detail::row_journal>> journals;  // per projection: rows not yet folded in
     envelope_parser parser;
 
     // A bulk build (begin_bulk .. end_bulk): one transaction and one batch_run across apply() calls.
@@ -203,9 +209,11 @@ struct store::impl {
         auto new_ids = std::make_unique<id_log>(*env, "inbox/" + options.consumer, 2);
         std::vector<MDB_dbi> new_tables;
         std::vector<std::unique_ptr<id_log>> new_contributors;
+        std::vector<std::unique_ptr<detail::row_journal>> new_journals;
         for (const auto& p : projections) {
             new_tables.push_back(env->table("proj/" + p->name()));
             new_contributors.push_back(std::make_unique<id_log>(*env, "contrib/" + p->name()));
+            new_journals.push_back(std::make_unique<detail::row_journal>(*env, p->name(), meta));
         }
         streams = new_streams;
         parked = new_parked;
@@ -214,14 +222,17 @@ struct store::impl {
         ids = std::move(new_ids);
         tables = std::move(new_tables);
         contributors = std::move(new_contributors);
+        journals = std::move(new_journals);
     }
     void open_projection(const projection_base& p) {
         tables.push_back(env->table("proj/" + p.name()));
         contributors.push_back(std::make_unique<id_log>(*env, "contrib/" + p.name()));
+        journals.push_back(std::make_unique<detail::row_journal>(*env, p.name(), meta));
     }
     void rolled_back() {
         ids->rolled_back();
         for (auto& c : contributors) c->rolled_back();
+        for (auto& j : journals) j->rolled_back();
     }
 };
 
@@ -266,6 +277,7 @@ void prepared_batch::append(prepared_batch&& other) {
     std::move(other.items_.begin(), other.items_.end(), std::back_inserter(items_));
     other.items_.clear();
 }
+void prepared_batch::take(prepared_batch& other, std::size_t i) { items_.push_back(std::move(other.items_.at(i))); }
 void prepared_batch::clear() noexcept { items_.clear(); }
 
 namespace {
@@ -432,9 +444,14 @@ class batch_run {
 public:
     /// Starts on a fresh write transaction: catches the id indexes up with other writers and
     /// reads the consumer's counters and the number this batch will commit as.
-    batch_run(store::impl& s, write_txn& txn) : s_(s), txn_(txn) {
+    /// A bulk build writes rows straight into the row tables (it folds the journals in first).
+    batch_run(store::impl& s, write_txn& txn, bool bulk = false) : s_(s), txn_(txn), bulk_(bulk) {
         s_.ids->catch_up(txn_);
         for (auto& c : s_.contributors) c->catch_up(txn_);
+        for (std::size_t p = 0; p < s_.journals.size(); ++p) {
+            s_.journals[p]->catch_up(txn_);
+            if (bulk_) s_.journals[p]->fold_all(txn_, s_.tables[p]);
+        }
         if (auto v = txn_.get(s_.meta, commit_key); v && v->size() >= 8) commit_ = codec::get_u64_le(*v) + 1;
         stats = decode_stats(txn_.get(s_.meta, stats_key(s_.options.consumer)));
         clock_ = decode_clock(txn_.get(s_.meta, clock_key(s_.options.consumer)));
@@ -514,6 +531,7 @@ private:
 
     store::impl& s_;
     write_txn& txn_;
+    bool bulk_ = false;
     std::uint64_t time_ns_ = s_.wall_now();
     clock_record clock_;                         // the consumer's event time and inbox floor
     std::uint64_t clock_before_ = 0;             // the event time before the delivery being applied
@@ -780,7 +798,10 @@ batch_run::row_slot& batch_run::load_row(std::size_t p, const std::string& key, 
     if (!inserted) return slot;
     row_bytes_ += 2 * key.size() + 192;
     const auto& proj = *s_.projections[p];
-    if (auto record = txn_.get(s_.tables[p], codec::row_key(key))) {
+    const auto row_key = codec::row_key(key);
+    auto record = s_.journals[p]->find(txn_, row_key);
+    if (!record) record = txn_.get(s_.tables[p], row_key);
+    if (record) {
         auto decoded = codec::decode_row(*record);
         slot.header = decoded.header;
         slot.state = proj.load(decoded.state, decoded.header.state_version);
@@ -807,7 +828,6 @@ std::optional<std::string> batch_run::parked_value(const std::string& key) const
 
 void batch_run::write_rows() {
     std::string value;
-    // Writing each table's keys in order walks its B-tree left to right once.
     std::vector<std::pair<std::pair<std::size_t, std::string>, row_slot*>> dirty;
     for (std::size_t p = 0; p < rows_.size(); ++p) {
         for (auto& e : rows_[p].entries()) {
@@ -819,25 +839,37 @@ void batch_run::write_rows() {
     std::size_t table = SIZE_MAX;
     std::string last;  // the table's last key before this write: keys after it are appended
     std::optional<cursor> appender;
+    std::vector<std::size_t> journaled(s_.journals.size());
     for (auto& [id, slot] : dirty) {
-        if (id.first != table) {
-            table = id.first;
-            appender.emplace(txn_, s_.tables[table]);
-            auto e = appender->last();
-            last = e ? std::string(e->first) : std::string();
-        }
         const auto& proj = *s_.projections[id.first];
         slot->header.state_version = proj.state_version();
         state.clear();
         proj.save(*slot->state, state);
         value.clear();
         codec::encode_row(value, slot->header, state);
+        slot->dirty = false;
+        if (!bulk_) {
+            s_.journals[id.first]->append(txn_, id.second, value);
+            ++journaled[id.first];
+            continue;
+        }
+        // A bulk build writes each table's keys in order: its B-tree is walked left to right once.
+        if (id.first != table) {
+            table = id.first;
+            appender.emplace(txn_, s_.tables[table]);
+            auto e = appender->last();
+            last = e ? std::string(e->first) : std::string();
+        }
         if (last.empty() || id.second > last) {
             appender->put(id.second, value, MDB_APPEND);  // through one cursor: no search from the root
         } else {
             txn_.put(s_.tables[id.first], id.second, value);
         }
-        slot->dirty = false;
+    }
+    // Each batch folds twice what it journaled: the frozen journal is empty before the active
+    // one is due to take its place.
+    for (std::size_t p = 0; p < journaled.size(); ++p) {
+        s_.journals[p]->fold(txn_, s_.tables[p], 2 * journaled[p], s_.options.journal_rows);
     }
 }
 
@@ -1066,7 +1098,7 @@ void store::begin_bulk(std::size_t memory_budget) {
     if (s.bulk) throw_error(errc::invalid_argument, "begin_bulk: a bulk build is already running");
     s.bulk_txn = std::make_unique<write_txn>(*s.env);
     try {
-        s.bulk = std::make_unique<batch_run>(s, *s.bulk_txn);
+        s.bulk = std::make_unique<batch_run>(s, *s.bulk_txn, true);
         s.bulk_budget = memory_budget;
     } catch (...) {
         s.abandon_bulk();
@@ -1228,7 +1260,21 @@ read_txn begin_snapshot(environment& env) {
 
 }  // namespace
 
-snapshot::snapshot(std::shared_ptr<environment> env) : env_(std::move(env)), txn_(begin_snapshot(*env_)) {}
+namespace detail {
+/// The journals of each projection as one snapshot sees them.
+struct snapshot_journals_entry {
+    journal_state state;
+    std::shared_ptr<journal_index> index;  // shared by the environment's snapshots in this process
+    std::optional<journal_view> view;      // read on first need: scans, and point reads the index cannot answer
+};
+struct snapshot_journals {
+    std::mutex mutex;
+    std::map<std::string, snapshot_journals_entry, std::less<>> projections;
+};
+}  // namespace detail
+
+snapshot::snapshot(std::shared_ptr<environment> env)
+    : env_(std::move(env)), txn_(begin_snapshot(*env_)), journals_(std::make_shared<detail::snapshot_journals>()) {}
 
 std::optional<MDB_dbi> snapshot::table(const std::string& name) const {
     auto dbi = env_->try_table(name);
@@ -1238,31 +1284,84 @@ std::optional<MDB_dbi> snapshot::table(const std::string& name) const {
     return dbi;
 }
 
-std::optional<snapshot::raw_row_view> snapshot::raw_row(std::string_view projection, std::string_view key) const {
+MDB_dbi snapshot::row_table(std::string_view projection) const {
     auto t = table("proj/" + std::string(projection));
     if (!t) throw_error(errc::unknown_projection, "no projection '" + std::string(projection) + "' in '" +
                                                        env_->path().string() + "'");
-    auto v = txn_.get(*t, codec::row_key(key));
+    return *t;
+}
+
+detail::journal_view& snapshot::journal(std::string_view projection) const {
+    std::scoped_lock lock{journals_->mutex};
+    auto& j = journals(projection);
+    if (!j.view) {
+        const auto name = std::string(projection);
+        j.view = detail::journal_view::read(txn_, j.state.epoch, table(detail::row_journal::table_name(name, 0)),
+                                            table(detail::row_journal::table_name(name, 1)));
+    }
+    return *j.view;
+}
+
+detail::snapshot_journals_entry& snapshot::journals(std::string_view projection) const {
+    auto it = journals_->projections.find(projection);
+    if (it == journals_->projections.end()) {
+        const auto name = std::string(projection);
+        detail::snapshot_journals_entry j;
+        j.state = detail::journal_state::read(txn_, table("meta"), table(detail::row_journal::table_name(name, 0)),
+                                              table(detail::row_journal::table_name(name, 1)), name);
+        j.index = std::static_pointer_cast<detail::journal_index>(env_->attachment(
+            "journal-index/" + name, [] { return std::static_pointer_cast<void>(std::make_shared<detail::journal_index>()); }));
+        it = journals_->projections.emplace(name, std::move(j)).first;
+    }
+    return it->second;
+}
+
+std::optional<snapshot::raw_row_view> snapshot::raw_row(std::string_view projection, std::string_view key) const {
+    const auto t = row_table(projection);
+    const auto row_key = codec::row_key(key);
+    std::optional<std::string_view> v;
+    bool answered = false;
+    {
+        std::scoped_lock lock{journals_->mutex};
+        auto& j = journals(projection);
+        answered = j.index->find(txn_, j.state, row_key, v);
+    }
+    if (!answered) {
+        const auto& journaled = journal(projection).latest;
+        if (auto it = journaled.find(row_key); it != journaled.end()) v = it->second;
+    }
+    if (!v) v = txn_.get(t, row_key);
     if (!v) return std::nullopt;
     auto r = codec::decode_row(*v);
     return raw_row_view{key, r.header.applied, r.header.highest_sequence, r.header.state_version, r.state};
 }
 
 snapshot::row_reader snapshot::read_rows(std::string_view projection) const {
-    auto t = table("proj/" + std::string(projection));
-    if (!t) throw_error(errc::unknown_projection, "no projection '" + std::string(projection) + "' in '" +
-                                                       env_->path().string() + "'");
-    return row_reader{cursor{txn_, *t}, std::string(projection)};
+    const auto t = row_table(projection);
+    return row_reader{cursor{txn_, t}, std::string(projection), journal(projection).sorted()};
 }
 
 std::optional<snapshot::raw_row_view> snapshot::row_reader::next() {
-    auto e = started_ ? cursor_.next() : cursor_.first();
-    started_ = true;
-    if (!e) return std::nullopt;
-    auto k = codec::decode_table_key(e->first);
+    if (!started_) {
+        table_row_ = cursor_.first();
+        started_ = true;
+    }
+    // The table's rows and the journals' in one key order; a journaled row replaces the table's.
+    std::string_view row_key;
+    std::string_view record;
+    const bool journal_left = at_ < journaled_->size();
+    if (!table_row_ && !journal_left) return std::nullopt;
+    if (journal_left && (!table_row_ || (*journaled_)[at_].first <= table_row_->first)) {
+        std::tie(row_key, record) = (*journaled_)[at_++];
+        if (table_row_ && table_row_->first == row_key) table_row_ = cursor_.next();
+    } else {
+        std::tie(row_key, record) = *table_row_;
+        table_row_ = cursor_.next();
+    }
+    auto k = codec::decode_table_key(row_key);
     if (!k || !k->is_row) throw_error(errc::corrupt_record, "unreadable key in projection '" + projection_ + "'");
     key_.assign(k->aggregate);
-    auto r = codec::decode_row(e->second);
+    auto r = codec::decode_row(record);
     return raw_row_view{key_, r.header.applied, r.header.highest_sequence, r.header.state_version, r.state};
 }
 

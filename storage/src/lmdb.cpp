@@ -285,6 +285,14 @@ void environment::end(std::thread::id owner) noexcept {
     }
 }
 
+std::shared_ptr<void> environment::attachment(const std::string& name,
+                                              const std::function<std::shared_ptr<void>()>& make) {
+    std::scoped_lock lock{attachments_mutex_};
+    auto& slot = attachments_[name];
+    if (!slot) slot = make();
+    return slot;
+}
+
 std::size_t environment::map_size() const {
     MDB_envinfo info{};
     mdb_env_info(env_, &info);

@@ -191,6 +191,7 @@ idem::store_options store_options_for(const options& o) {
     s.unknown_types = idem::unknown_type_policy::dead_letter;
     s.sync = idem::durability::full;
     s.map_size = o.map_size;
+    s.journal_rows = 8;  // small row journals: swapped and folded many times per run
     return s;
 }
 

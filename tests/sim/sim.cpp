@@ -219,6 +219,9 @@ public:
         map_size_ = maps[pick(0, 2)];
         engine_share_ = pick(0, 2) == 0 ? 0.0 : 0.15;
         replay_at_ = pick(0, 1) == 0 ? std::optional<std::uint64_t>{pick(size_ / 4, size_ * 3 / 4)} : std::nullopt;
+        // Small row journals swap and fold many times per world (0: the automatic size).
+        const std::size_t journals[] = {0, 8, 100, 1000};
+        journal_rows_ = journals[pick(0, 3)];
         options_.path = dir_.env();
         options_.consumer = consumer;
         options_.sync = idem::durability::none;
@@ -229,16 +232,17 @@ public:
             dead_letter_unknown_ ? idem::unknown_type_policy::dead_letter : idem::unknown_type_policy::ignore;
         options_.map_size = map_size_;
         options_.max_map_size = std::size_t{8} << 30;
+        options_.journal_rows = journal_rows_;
         model_ = std::make_unique<model>(gaps_, dead_letter_unknown_);
         main_ = std::make_unique<schedule>(seed_ ^ 0xabcdef, shape_);
     }
 
     void run() {
         if (settings_.verbose) {
-            std::printf("world %llu: %llu deliveries, gaps %s, unknown types %s, map %zu KiB, window %zu, shape %zu/%zu/%zu/%zu, "
+            std::printf("world %llu: %llu deliveries, gaps %s, unknown types %s, map %zu KiB, journal %zu, window %zu, shape %zu/%zu/%zu/%zu, "
                         "engine share %.2f%s\n",
                         ull(index_), ull(size_), gaps_ == gaps::park ? "park" : gaps_ == gaps::apply ? "apply" : "reject",
-                        dead_letter_unknown_ ? "dead-lettered" : "ignored", map_size_ >> 10, shape_.window, shape_.orders,
+                        dead_letter_unknown_ ? "dead-lettered" : "ignored", map_size_ >> 10, journal_rows_, shape_.window, shape_.orders,
                         shape_.accounts, shape_.players, shape_.matches, engine_share_,
                         replay_at_ ? ", one whole replay" : "");
         }
@@ -581,6 +585,16 @@ private:
                 diverge(std::string(when) + ": " + projection_names[p] + " has " + std::to_string(seen) + " rows, the model " +
                         std::to_string(rows.size()));
             }
+            // Point reads find every row too (the scan merges the row table with the journals in
+            // key order; a point read looks the journals up first).
+            for (const auto& [key, w] : rows) {
+                auto r = snap.get<sim_state>(projection_names[p], key);
+                if (!r || r->state.digest != w.digest || r->version != w.version) {
+                    diverge(std::string(when) + ": reading row '" + key + "' of " + projection_names[p] + " gives " +
+                            (r ? "version " + std::to_string(r->version) : std::string("nothing")) +
+                            ", the model has version " + std::to_string(w.version));
+                }
+            }
         }
     }
 
@@ -612,6 +626,7 @@ private:
     gaps gaps_ = gaps::park;
     bool dead_letter_unknown_ = false;
     std::size_t map_size_ = 0;
+    std::size_t journal_rows_ = 0;
     double engine_share_ = 0;
     std::optional<std::uint64_t> replay_at_;
     idem::test::temp_dir dir_;

@@ -296,6 +296,8 @@ void tool::impl::add_builtin_commands() {
         {db_option, log_option, format_option, skip_bad_option, batch_option,
          {"follow", "", "keep tailing the last log for appended events (stop with Ctrl-C or SIGTERM)"},
          {"durability", "full|periodic|none", "fsync policy (default full: a commit is on disk before the next)"},
+         {"journal-rows", "N",
+          "changed rows are journaled and folded into the row table once N are journaled (default: automatic)"},
          inbox_retention_option, lateness_option},
         [this](const arguments& a) {
             consume_options o;
@@ -303,6 +305,7 @@ void tool::impl::add_builtin_commands() {
             o.batch = 1000;  // the live path commits (and syncs) more often than a rebuild
             log_run_from(a, a.required("db"), o, bar);
             o.store.sync = parse_durability(a);
+            o.store.journal_rows = static_cast<std::size_t>(a.number("journal-rows", 0));
             o.follow = a.flag("follow");
             o.stop = &stop_requested;
             // The first Ctrl-C or SIGTERM stops after the batch in hand (committed with its

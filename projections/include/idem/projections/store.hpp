@@ -157,12 +157,21 @@ struct store_options {
     std::size_t map_size = std::size_t{1} << 30;       ///< initial map size (address space; the file grows as written)
     std::size_t max_map_size = std::size_t{1} << 40;   ///< the map never grows past this (then: map_full)
     retention_options retention{};                     ///< inbox retention and the event-time horizon
+    /// Rows a batch changed go to an append-only journal and are folded into the row table in
+    /// key order later (see docs/DESIGN.md "Row journal"); the journal is frozen for folding once
+    /// it holds this many entries. 0: automatic (16 per leaf page of the row table, at least 1024).
+    std::size_t journal_rows = 0;
     /// Called inside the write transaction right before commit with the commit number; throwing aborts
     /// the batch (tests use it to inject storage failures and to observe commit order).
     std::function<void(std::uint64_t commit)> before_commit{};
 };
 
 class snapshot;
+namespace detail {
+struct journal_view;
+struct snapshot_journals;
+struct snapshot_journals_entry;
+}  // namespace detail
 
 /// Deliveries parsed and decoded ahead of the writer by store::prepare(), for store::apply().
 class prepared_batch {
@@ -176,6 +185,9 @@ public:
     std::size_t size() const noexcept;
     /// Moves other's deliveries to the end of this batch (a writer gathering prepared submissions).
     void append(prepared_batch&& other);
+    /// Moves delivery i of other to the end of this batch (a writer handing deliveries back,
+    /// so that the thread which prepared them also frees them).
+    void take(prepared_batch& other, std::size_t i);
     /// Empties the batch, keeping its memory.
     void clear() noexcept;
 
@@ -311,9 +323,14 @@ public:
 
     private:
         friend class snapshot;
-        row_reader(cursor c, std::string projection) : cursor_(std::move(c)), projection_(std::move(projection)) {}
+        using overlay = std::vector<std::pair<std::string_view, std::string_view>>;
+        row_reader(cursor c, std::string projection, const overlay& journaled)
+            : cursor_(std::move(c)), projection_(std::move(projection)), journaled_(&journaled) {}
         cursor cursor_;
         std::string projection_;
+        const overlay* journaled_;  // rows the journals hold, by row key: they replace the table's
+        std::size_t at_ = 0;
+        std::optional<cursor::entry> table_row_;
         std::string key_;
         bool started_ = false;
     };
@@ -377,9 +394,13 @@ public:
 
 private:
     std::optional<MDB_dbi> table(const std::string& name) const;
+    detail::journal_view& journal(std::string_view projection) const;
+    detail::snapshot_journals_entry& journals(std::string_view projection) const;
+    MDB_dbi row_table(std::string_view projection) const;
 
     std::shared_ptr<environment> env_;
     read_txn txn_;
+    std::shared_ptr<detail::snapshot_journals> journals_;  // read on first use, per projection
 };
 
 }  // namespace idem

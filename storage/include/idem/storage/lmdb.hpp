@@ -98,6 +98,9 @@ public:
     std::uint64_t generation() const noexcept { return generation_.load(); }
     /// Returns the largest key (and dupsort value) LMDB accepts, 511 bytes by default.
     std::size_t max_key_size() const noexcept { return max_key_size_; }
+    /// Returns what another layer keeps with this environment under name, made by make() on
+    /// first use: state shared by every user of the environment in this process (caches).
+    std::shared_ptr<void> attachment(const std::string& name, const std::function<std::shared_ptr<void>()>& make);
 
 private:
     friend class txn_base;
@@ -121,7 +124,9 @@ private:
     std::mutex tables_mutex_;  // guards tables_ only; never held while waiting for anything
     std::map<std::string, MDB_dbi, std::less<>> tables_;
     std::atomic<std::uint64_t> generation_{0};  // bumped by reopen(): handles from before are void
-    std::atomic<std::int64_t> readers_checked_at_{0};  // steady-clock ns of the writer's last mdb_reader_check
+    std::atomic<std::int64_t> readers_checked_at_{0};
+    std::mutex attachments_mutex_;
+    std::map<std::string, std::shared_ptr<void>, std::less<>> attachments_;  // steady-clock ns of the writer's last mdb_reader_check
 };
 
 /// Common read access of both transaction kinds.

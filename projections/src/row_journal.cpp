@@ -1,0 +1,302 @@
+#include "row_journal.hpp"
+
+#include <idem/storage/codec.hpp>
+#include <idem/storage/error.hpp>
+
+#include <lmdb.h>
+
+#include <algorithm>
+
+namespace idem::detail {
+
+namespace {
+
+void put_value(std::string& out, std::string_view row_key, std::string_view record) {
+    out.clear();
+    codec::put_u32_le(out, static_cast<std::uint32_t>(row_key.size()));
+    out.append(row_key);
+    out.append(record);
+}
+
+// Copies the record out of the journal's page before the row table's put changes pages.
+void put_row(write_txn& txn, MDB_dbi rows, std::string_view key, std::string_view record) {
+    thread_local std::string copy;
+    copy.assign(record);
+    txn.put(rows, key, copy);
+}
+
+void empty_table(write_txn& txn, MDB_dbi table, const std::string& what) {
+    if (int rc = mdb_drop(txn.handle(), table, 0); rc != 0) throw_lmdb(rc, "cannot empty " + what);
+}
+
+}  // namespace
+
+std::string row_journal::meta_key(std::string_view projection) { return "journal/" + std::string(projection); }
+
+std::string row_journal::table_name(std::string_view projection, std::uint64_t parity) {
+    return (parity % 2 == 0 ? "journal0/" : "journal1/") + std::string(projection);
+}
+
+std::pair<std::string_view, std::string_view> row_journal::split(std::string_view value) {
+    if (value.size() < 4 || value.size() - 4 < codec::get_u32_le(value)) {
+        throw_error(errc::corrupt_record, "truncated journal entry");
+    }
+    const auto n = codec::get_u32_le(value);
+    return {value.substr(4, n), value.substr(4 + n)};
+}
+
+std::pair<std::uint64_t, std::string_view> row_journal::decode_meta(std::optional<std::string_view> v) {
+    if (!v || v->size() < 8) return {0, {}};
+    return {codec::get_u64_le(*v), v->substr(8)};
+}
+
+row_journal::row_journal(environment& env, const std::string& projection, MDB_dbi meta)
+    : projection_(projection), meta_key_(meta_key(projection)), meta_(meta) {
+    tables_[0] = env.table(table_name(projection, 0));
+    tables_[1] = env.table(table_name(projection, 1));
+}
+
+void row_journal::catch_up(const txn_base& txn) {
+    if (!stale_) {
+        // Another writer (another process) changed the journals if the epoch, the fold cursor
+        // or the active journal's last sequence moved.
+        const auto [epoch, folded_to] = decode_meta(txn.get(meta_, meta_key_));
+        cursor c{txn, active()};
+        const auto last = c.last();
+        const auto last_seq = last ? codec::get_u64_be(last->first) : 0;
+        if (epoch == epoch_ && folded_to == cursor_ && last_seq + 1 == next_seq_) return;
+    }
+    load(txn);
+}
+
+void row_journal::load(const txn_base& txn) {
+    const auto [epoch, folded_to] = decode_meta(txn.get(meta_, meta_key_));
+    epoch_ = epoch;
+    cursor_.assign(folded_to);
+    active_.clear();
+    frozen_.clear();
+    folded_ = 0;
+    next_seq_ = 1;
+    {
+        cursor c{txn, active()};
+        for (auto e = c.first(); e; e = c.next()) {
+            const auto seq = codec::get_u64_be(e->first);
+            active_[std::string(split(e->second).first)] = seq;
+            next_seq_ = seq + 1;
+        }
+    }
+    std::unordered_map<std::string, std::uint64_t> latest;
+    {
+        cursor c{txn, frozen()};
+        for (auto e = c.first(); e; e = c.next()) latest[std::string(split(e->second).first)] = codec::get_u64_be(e->first);
+    }
+    frozen_.assign(std::make_move_iterator(latest.begin()), std::make_move_iterator(latest.end()));
+    std::sort(frozen_.begin(), frozen_.end());
+    if (!cursor_.empty()) {
+        folded_ = static_cast<std::size_t>(
+            std::upper_bound(frozen_.begin(), frozen_.end(), cursor_,
+                             [](const std::string& k, const auto& e) { return k < e.first; }) -
+            frozen_.begin());
+    }
+    stale_ = false;
+}
+
+std::optional<std::string_view> row_journal::record_at(const txn_base& txn, MDB_dbi table, std::uint64_t seq) const {
+    auto v = txn.get(table, codec::u64_key(seq));
+    if (!v) {
+        throw_error(errc::corrupt_record, "journal of projection '" + projection_ + "' lacks entry " +
+                                              std::to_string(seq) + " its index holds");
+    }
+    return split(*v).second;
+}
+
+std::optional<std::string_view> row_journal::find(const txn_base& txn, std::string_view row_key) const {
+    if (!active_.empty()) {
+        if (auto it = active_.find(std::string(row_key)); it != active_.end()) return record_at(txn, active(), it->second);
+    }
+    if (!frozen_.empty()) {
+        auto it = std::lower_bound(frozen_.begin(), frozen_.end(), row_key,
+                                   [](const auto& e, std::string_view k) { return e.first < k; });
+        if (it != frozen_.end() && it->first == row_key) return record_at(txn, frozen(), it->second);
+    }
+    return std::nullopt;
+}
+
+void row_journal::append(write_txn& txn, std::string_view row_key, std::string_view record) {
+    thread_local std::string value;
+    put_value(value, row_key, record);
+    const auto seq = next_seq_;
+    stale_ = true;  // until the index below matches what the transaction holds
+    txn.put(active(), codec::u64_key(seq), value, MDB_APPEND);
+    active_[std::string(row_key)] = seq;
+    next_seq_ = seq + 1;
+    stale_ = false;
+}
+
+void row_journal::write_meta(write_txn& txn) {
+    std::string value;
+    codec::put_u64_le(value, epoch_);
+    value.append(cursor_);
+    txn.put(meta_, meta_key_, value);
+}
+
+void row_journal::fold(write_txn& txn, MDB_dbi rows, std::size_t n, std::size_t swap_at) {
+    if (n == 0) return;
+    stale_ = true;  // an exception half way leaves the index ahead of the aborted transaction
+    bool changed = false;
+    if (folded_ < frozen_.size()) {
+        const auto end = std::min(frozen_.size(), folded_ + n);
+        for (auto i = folded_; i < end; ++i) {
+            const auto& [key, seq] = frozen_[i];
+            if (active_.contains(key)) continue;  // superseded: folded with the active journal later
+            put_row(txn, rows, key, *record_at(txn, frozen(), seq));
+        }
+        folded_ = end;
+        cursor_ = frozen_[end - 1].first;
+        changed = true;
+    }
+    if (!frozen_.empty() && folded_ == frozen_.size()) {
+        empty_table(txn, frozen(), "the frozen journal of projection '" + projection_ + "'");
+        frozen_.clear();
+        folded_ = 0;
+        cursor_.clear();
+        changed = true;
+    }
+    if (swap_at == 0) {
+        // Automatic: sixteen rows per leaf of the row table, so that a fold writes each leaf
+        // it touches for about sixteen rows.
+        MDB_stat st{};
+        if (int rc = mdb_stat(txn.handle(), rows, &st); rc != 0) throw_lmdb(rc, "cannot read the row table's size");
+        swap_at = std::max<std::size_t>(1024, 16 * st.ms_leaf_pages);
+    }
+    if (frozen_.empty() && active_entries() >= swap_at) {
+        ++epoch_;  // the active journal is frozen; the emptied one takes new rows
+        frozen_.assign(std::make_move_iterator(active_.begin()), std::make_move_iterator(active_.end()));
+        std::sort(frozen_.begin(), frozen_.end());
+        active_.clear();
+        next_seq_ = 1;
+        cursor_.clear();
+        changed = true;
+    }
+    if (changed) write_meta(txn);
+    stale_ = false;
+}
+
+void row_journal::fold_all(write_txn& txn, MDB_dbi rows) {
+    stale_ = true;
+    for (auto i = folded_; i < frozen_.size(); ++i) {
+        const auto& [key, seq] = frozen_[i];
+        if (!active_.contains(key)) put_row(txn, rows, key, *record_at(txn, frozen(), seq));
+    }
+    std::vector<std::pair<std::string, std::uint64_t>> active(active_.begin(), active_.end());
+    std::sort(active.begin(), active.end());
+    for (const auto& [key, seq] : active) put_row(txn, rows, key, *record_at(txn, this->active(), seq));
+    const bool had = !frozen_.empty() || !active_.empty() || !cursor_.empty();
+    if (!frozen_.empty()) empty_table(txn, frozen(), "the frozen journal of projection '" + projection_ + "'");
+    if (!active_.empty()) empty_table(txn, this->active(), "the journal of projection '" + projection_ + "'");
+    frozen_.clear();
+    active_.clear();
+    folded_ = 0;
+    next_seq_ = 1;
+    cursor_.clear();
+    if (had) {
+        epoch_ += 2;  // the same table stays active, and readers see that the journals were reset
+        write_meta(txn);
+    }
+    stale_ = false;
+}
+
+journal_view journal_view::read(const txn_base& txn, std::uint64_t epoch, std::optional<MDB_dbi> table0,
+                                std::optional<MDB_dbi> table1) {
+    journal_view view;
+    const std::optional<MDB_dbi> tables[2] = {table0, table1};
+    // The frozen journal first: the active one's records are newer.
+    for (const auto& t : {tables[(epoch + 1) % 2], tables[epoch % 2]}) {
+        if (!t) continue;
+        cursor c{txn, *t};
+        for (auto e = c.first(); e; e = c.next()) {
+            const auto [key, record] = row_journal::split(e->second);
+            view.latest[key] = record;
+        }
+    }
+    return view;
+}
+
+journal_state journal_state::read(const txn_base& txn, std::optional<MDB_dbi> meta, std::optional<MDB_dbi> table0,
+                                  std::optional<MDB_dbi> table1, std::string_view projection) {
+    journal_state st;
+    if (meta) st.epoch = row_journal::decode_meta(txn.get(*meta, row_journal::meta_key(projection))).first;
+    st.active = st.epoch % 2 == 0 ? table0 : table1;
+    st.frozen = st.epoch % 2 == 0 ? table1 : table0;
+    if (st.active) {
+        cursor c{txn, *st.active};
+        if (auto last = c.last()) st.active_last = codec::get_u64_be(last->first);
+    }
+    if (st.frozen) st.frozen_entries = txn.entries(*st.frozen);
+    return st;
+}
+
+void journal_index::rebuild(const txn_base& txn, const journal_state& state) {
+    active_.clear();
+    frozen_.clear();
+    if (state.frozen) {
+        cursor c{txn, *state.frozen};
+        for (auto e = c.first(); e; e = c.next()) {
+            frozen_[std::string(row_journal::split(e->second).first)] = codec::get_u64_be(e->first);
+        }
+    }
+    epoch_ = state.epoch;
+    frozen_entries_ = state.frozen_entries;
+    active_seen_ = 0;
+    built_ = true;
+}
+
+bool journal_index::find(const txn_base& txn, const journal_state& state, std::string_view row_key,
+                         std::optional<std::string_view>& out) {
+    std::scoped_lock lock{mutex_};
+    if (!built_ || state.epoch > epoch_) rebuild(txn, state);
+    // An older epoch, or a frozen journal this index was read without (it was emptied by then).
+    if (state.epoch != epoch_ || (state.frozen_entries > 0 && frozen_entries_ == 0)) return false;
+    if (state.active && state.active_last > active_seen_) {
+        cursor c{txn, *state.active};
+        for (auto e = c.seek(codec::u64_key(active_seen_ + 1)); e; e = c.next()) {
+            const auto seq = codec::get_u64_be(e->first);
+            if (seq > state.active_last) break;
+            active_[std::string(row_journal::split(e->second).first)].push_back(seq);
+            active_seen_ = seq;
+        }
+    }
+    out.reset();
+    const std::string key(row_key);
+    if (auto it = active_.find(key); it != active_.end() && state.active) {
+        // The latest sequence this snapshot sees (later ones were appended after it began).
+        auto seqs = it->second.rbegin();
+        while (seqs != it->second.rend() && *seqs > state.active_last) ++seqs;
+        if (seqs != it->second.rend()) {
+            if (auto v = txn.get(*state.active, codec::u64_key(*seqs))) {
+                out = row_journal::split(*v).second;
+                return true;
+            }
+            return false;  // not where the index says: let the caller read the journals itself
+        }
+    }
+    if (auto it = frozen_.find(key); it != frozen_.end() && state.frozen && state.frozen_entries > 0) {
+        if (auto v = txn.get(*state.frozen, codec::u64_key(it->second))) {
+            out = row_journal::split(*v).second;
+            return true;
+        }
+        return false;
+    }
+    return true;  // in no journal this snapshot sees: the row table has it (or nobody)
+}
+
+const std::vector<std::pair<std::string_view, std::string_view>>& journal_view::sorted() {
+    if (!sorted_built_) {
+        sorted_.assign(latest.begin(), latest.end());
+        std::sort(sorted_.begin(), sorted_.end());
+        sorted_built_ = true;
+    }
+    return sorted_;
+}
+
+}  // namespace idem::detail
