@@ -117,7 +117,11 @@ namespace {
 
 void post_apply(pending_apply& p, std::error_code ec, outcome o) {
     auto ex = std::move(p.ex);
-    boost::asio::post(ex, [h = std::move(p.handler), ec, o = std::move(o)]() mutable { std::move(h)(ec, std::move(o)); });
+    // The prepared delivery goes along: it is freed on the thread that prepared it (memory
+    // freed on another thread than the one that allocated it costs glibc's malloc a lock).
+    boost::asio::post(ex, [h = std::move(p.handler), ec, o = std::move(o), body = std::move(p.body)]() mutable {
+        std::move(h)(ec, std::move(o));
+    });
 }
 
 void post_marker(pending_marker& p, std::error_code ec) {
@@ -341,6 +345,10 @@ void engine::impl::commit(std::vector<pending_apply>& batch) {
         }
     }
 
+    for (std::size_t i = 0; i < batch.size(); ++i) {  // each delivery goes back to its submission
+        batch[i].body.clear();
+        batch[i].body.take(bodies, i);
+    }
     std::vector<std::pair<pending_apply, outcome>> ready;
     ready.reserve(batch.size());
     for (std::size_t i = 0; i < batch.size(); ++i) {
