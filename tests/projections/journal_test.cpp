@@ -60,12 +60,25 @@ struct workload {
     }
 };
 
+/// Store options with journals frozen at rows entries.
+idem::store_options journaled(const temp_dir& dir, std::size_t rows) {
+    auto o = options(dir.env());
+    o.journal_rows = rows;
+    return o;
+}
+
+/// The rows read by a scan and one by one both equal the reference.
+void check_rows(const idem::store& s, const reference& ref) {
+    auto snap = s.read();
+    CHECK(dump(snap, "order-totals") == ref.rows);
+    CHECK(read_each(snap, ref) == ref.rows);
+}
+
 }  // namespace
 
 TEST_CASE("rows go to the journal first and are folded into the row table; every read sees the latest") {
     temp_dir dir;
-    auto o = options(dir.env());
-    o.journal_rows = 50;
+    auto o = journaled(dir, 50);
     idem::store s{o};
     s.add(totals_by_order());
     workload w{60, 25, 300, 1};
@@ -84,8 +97,7 @@ TEST_CASE("rows go to the journal first and are folded into the row table; every
 
 TEST_CASE("the journal keeps its bound over a long run, and reads stay right at every batch") {
     temp_dir dir;
-    auto o = options(dir.env());
-    o.journal_rows = 40;
+    auto o = journaled(dir, 40);
     idem::store s{o};
     s.add(totals_by_order());
     workload w{200, 20, 120, 2};
@@ -95,16 +107,13 @@ TEST_CASE("the journal keeps its bound over a long run, and reads stay right at 
         most = std::max(most, journaled(s));
     }
     CHECK(most <= 2 * 40 + 2 * 20);
-    auto snap = s.read();
-    CHECK(dump(snap, "order-totals") == w.ref.rows);
-    CHECK(read_each(snap, w.ref) == w.ref.rows);
+    check_rows(s, w.ref);
     CHECK(entries(s, "proj/order-totals") >= w.ref.rows.size() / 2);  // most rows were folded in
 }
 
 TEST_CASE("a store reopened with a half-folded journal goes on from the disk's state") {
     temp_dir dir;
-    auto o = options(dir.env());
-    o.journal_rows = 30;
+    auto o = journaled(dir, 30);
     workload w{90, 15, 200, 3};
     for (std::size_t part = 0; part < 3; ++part) {
         idem::store s{o};
@@ -118,14 +127,12 @@ TEST_CASE("a store reopened with a half-folded journal goes on from the disk's s
     for (const auto& batch : w.batches) {
         for (const auto& out : s.apply(batch)) CHECK(out.kind == idem::outcome_kind::duplicate_message);
     }
-    CHECK(dump(s.read(), "order-totals") == w.ref.rows);
-    CHECK(read_each(s.read(), w.ref) == w.ref.rows);
+    check_rows(s, w.ref);
 }
 
 TEST_CASE("a batch whose commit fails leaves the journal as the disk has it") {
     temp_dir dir;
-    auto o = options(dir.env());
-    o.journal_rows = 20;
+    auto o = journaled(dir, 20);
     int n = 0;
     o.before_commit = [&](std::uint64_t) {
         if (++n % 3 == 0) throw std::system_error(std::make_error_code(std::errc::io_error), "injected EIO at commit");
@@ -146,14 +153,12 @@ TEST_CASE("a batch whose commit fails leaves the journal as the disk has it") {
         }
     }
     CHECK(failures > 20);
-    CHECK(dump(s.read(), "order-totals") == w.ref.rows);
-    CHECK(read_each(s.read(), w.ref) == w.ref.rows);
+    check_rows(s, w.ref);
 }
 
 TEST_CASE("a bulk build folds the journals into the row table before it writes rows directly") {
     temp_dir dir;
-    auto o = options(dir.env());
-    o.journal_rows = 25;
+    auto o = journaled(dir, 25);
     idem::store s{o};
     s.add(totals_by_order());
     workload w{40, 20, 150, 5};
@@ -163,8 +168,7 @@ TEST_CASE("a bulk build folds the journals into the row table before it writes r
     for (std::size_t b = 20; b < 40; ++b) s.apply(w.batches[b]);
     s.end_bulk();
     CHECK(journaled(s) == 0);
-    CHECK(dump(s.read(), "order-totals") == w.ref.rows);
-    CHECK(read_each(s.read(), w.ref) == w.ref.rows);
+    check_rows(s, w.ref);
     // Live batches after the build journal again.
     workload more{10, 20, 150, 6, "more-"};
     for (const auto& batch : more.batches) s.apply(batch);
@@ -181,8 +185,7 @@ TEST_CASE("snapshots of every age read their own state while the journals swap, 
         per_batch = 3;
     }
     temp_dir dir;
-    auto o = options(dir.env());
-    o.journal_rows = journal_rows;
+    auto o = journaled(dir, journal_rows);
     idem::store s{o};
     s.add(totals_by_order());
     workload w{60, per_batch, 60, 7};
