@@ -25,6 +25,16 @@ void put_row(write_txn& txn, MDB_dbi rows, std::string_view key, std::string_vie
     txn.put(rows, key, copy);
 }
 
+// Calls fn(sequence, row key, record) for each journal entry of table from sequence from on.
+template <class F>
+void for_each_entry(const txn_base& txn, MDB_dbi table, std::uint64_t from, F&& fn) {
+    cursor c{txn, table};
+    for (auto e = from <= 1 ? c.first() : c.seek(codec::u64_key(from)); e; e = c.next()) {
+        const auto [key, record] = row_journal::split(e->second);
+        fn(codec::get_u64_be(e->first), key, record);
+    }
+}
+
 void empty_table(write_txn& txn, MDB_dbi table, const std::string& what) {
     if (int rc = mdb_drop(txn.handle(), table, 0); rc != 0) throw_lmdb(rc, "cannot empty " + what);
 }
@@ -77,19 +87,13 @@ void row_journal::load(const txn_base& txn) {
     frozen_.clear();
     folded_ = 0;
     next_seq_ = 1;
-    {
-        cursor c{txn, active()};
-        for (auto e = c.first(); e; e = c.next()) {
-            const auto seq = codec::get_u64_be(e->first);
-            active_[std::string(split(e->second).first)] = seq;
-            next_seq_ = seq + 1;
-        }
-    }
+    for_each_entry(txn, active(), 1, [&](std::uint64_t seq, std::string_view key, std::string_view) {
+        active_[std::string(key)] = seq;
+        next_seq_ = seq + 1;
+    });
     std::unordered_map<std::string, std::uint64_t> latest;
-    {
-        cursor c{txn, frozen()};
-        for (auto e = c.first(); e; e = c.next()) latest[std::string(split(e->second).first)] = codec::get_u64_be(e->first);
-    }
+    for_each_entry(txn, frozen(), 1,
+                   [&](std::uint64_t seq, std::string_view key, std::string_view) { latest[std::string(key)] = seq; });
     frozen_.assign(std::make_move_iterator(latest.begin()), std::make_move_iterator(latest.end()));
     std::sort(frozen_.begin(), frozen_.end());
     if (!cursor_.empty()) {
@@ -206,18 +210,14 @@ void row_journal::fold_all(write_txn& txn, MDB_dbi rows) {
     stale_ = false;
 }
 
-journal_view journal_view::read(const txn_base& txn, std::uint64_t epoch, std::optional<MDB_dbi> table0,
-                                std::optional<MDB_dbi> table1) {
+journal_view journal_view::read(const txn_base& txn, const journal_state& state) {
     journal_view view;
-    const std::optional<MDB_dbi> tables[2] = {table0, table1};
     // The frozen journal first: the active one's records are newer.
-    for (const auto& t : {tables[(epoch + 1) % 2], tables[epoch % 2]}) {
+    for (const auto& t : {state.frozen, state.active}) {
         if (!t) continue;
-        cursor c{txn, *t};
-        for (auto e = c.first(); e; e = c.next()) {
-            const auto [key, record] = row_journal::split(e->second);
+        for_each_entry(txn, *t, 1, [&](std::uint64_t, std::string_view key, std::string_view record) {
             view.latest[key] = record;
-        }
+        });
     }
     return view;
 }
@@ -240,10 +240,8 @@ void journal_index::rebuild(const txn_base& txn, const journal_state& state) {
     active_.clear();
     frozen_.clear();
     if (state.frozen) {
-        cursor c{txn, *state.frozen};
-        for (auto e = c.first(); e; e = c.next()) {
-            frozen_[std::string(row_journal::split(e->second).first)] = codec::get_u64_be(e->first);
-        }
+        for_each_entry(txn, *state.frozen, 1,
+                       [&](std::uint64_t seq, std::string_view key, std::string_view) { frozen_[std::string(key)] = seq; });
     }
     epoch_ = state.epoch;
     frozen_entries_ = state.frozen_entries;
@@ -258,13 +256,11 @@ bool journal_index::find(const txn_base& txn, const journal_state& state, std::s
     // An older epoch, or a frozen journal this index was read without (it was emptied by then).
     if (state.epoch != epoch_ || (state.frozen_entries > 0 && frozen_entries_ == 0)) return false;
     if (state.active && state.active_last > active_seen_) {
-        cursor c{txn, *state.active};
-        for (auto e = c.seek(codec::u64_key(active_seen_ + 1)); e; e = c.next()) {
-            const auto seq = codec::get_u64_be(e->first);
-            if (seq > state.active_last) break;
-            active_[std::string(row_journal::split(e->second).first)].push_back(seq);
+        // The snapshot's transaction sees no entry past its active_last.
+        for_each_entry(txn, *state.active, active_seen_ + 1, [&](std::uint64_t seq, std::string_view key, std::string_view) {
+            active_[std::string(key)].push_back(seq);
             active_seen_ = seq;
-        }
+        });
     }
     out.reset();
     const std::string key(row_key);

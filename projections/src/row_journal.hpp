@@ -53,9 +53,8 @@ public:
     /// The transaction that changed the journals was aborted: the index no longer matches the disk.
     void rolled_back() noexcept { stale_ = true; }
 
-    /// Entries in the active journal, rows of the frozen journal still to fold.
+    /// Entries in the active journal.
     std::size_t active_entries() const noexcept { return static_cast<std::size_t>(next_seq_ - 1); }
-    std::size_t frozen_left() const noexcept { return frozen_.size() - folded_; }
 
     /// The meta key of a projection's journal state.
     static std::string meta_key(std::string_view projection);
@@ -86,21 +85,6 @@ private:
     std::size_t folded_ = 0;  // frozen_[0, folded_) are in the row table
 };
 
-/// A reader's view of a projection's journals at its snapshot: every row they hold, by row
-/// key (scans merge it with the row table; point reads fall back to it, see journal_index).
-struct journal_view {
-    /// Reads both journals of projection as of epoch (tables absent: an empty view).
-    static journal_view read(const txn_base& txn, std::uint64_t epoch, std::optional<MDB_dbi> table0,
-                             std::optional<MDB_dbi> table1);
-    std::unordered_map<std::string_view, std::string_view> latest;  // row key -> record (views into the snapshot)
-    /// The rows sorted by row key (built on first use).
-    const std::vector<std::pair<std::string_view, std::string_view>>& sorted();
-
-private:
-    std::vector<std::pair<std::string_view, std::string_view>> sorted_;
-    bool sorted_built_ = false;
-};
-
 /// Where a snapshot finds a projection's journals: the epoch it sees, the journal tables by
 /// role, the active journal's last sequence and the frozen journal's entry count.
 struct journal_state {
@@ -112,6 +96,20 @@ struct journal_state {
     /// Reads it in txn (tables absent: none).
     static journal_state read(const txn_base& txn, std::optional<MDB_dbi> meta, std::optional<MDB_dbi> table0,
                               std::optional<MDB_dbi> table1, std::string_view projection);
+};
+
+/// A reader's view of a projection's journals at its snapshot: every row they hold, by row
+/// key (scans merge it with the row table; point reads fall back to it, see journal_index).
+struct journal_view {
+    /// Reads both journals as the snapshot (txn, state) sees them.
+    static journal_view read(const txn_base& txn, const journal_state& state);
+    std::unordered_map<std::string_view, std::string_view> latest;  // row key -> record (views into the snapshot)
+    /// The rows sorted by row key (built on first use).
+    const std::vector<std::pair<std::string_view, std::string_view>>& sorted();
+
+private:
+    std::vector<std::pair<std::string_view, std::string_view>> sorted_;
+    bool sorted_built_ = false;
 };
 
 /// Point reads of a projection's journals for every snapshot of an environment in this

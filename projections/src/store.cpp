@@ -1294,11 +1294,7 @@ MDB_dbi snapshot::row_table(std::string_view projection) const {
 detail::journal_view& snapshot::journal(std::string_view projection) const {
     std::scoped_lock lock{journals_->mutex};
     auto& j = journals(projection);
-    if (!j.view) {
-        const auto name = std::string(projection);
-        j.view = detail::journal_view::read(txn_, j.state.epoch, table(detail::row_journal::table_name(name, 0)),
-                                            table(detail::row_journal::table_name(name, 1)));
-    }
+    if (!j.view) j.view = detail::journal_view::read(txn_, j.state);
     return *j.view;
 }
 
