@@ -2,14 +2,53 @@
 
 #include <idem/storage/codec.hpp>
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <functional>
+#include <new>
+#include <utility>
 
 namespace idem {
 
+namespace {
+
+// Slots of the old table moved per insert while the index grows: a new table must receive
+// all of them before it fills to its own limit (0.7). Doubling needs more than 1.5 per
+// insert, shedding tombstones at the same size (half full) more than 5.
+constexpr std::size_t drain_per_insert = 16;
+
+}  // namespace
+
+id_log::slot_table::slot_table(std::size_t size) : size_(size) {
+    // Straight from the kernel: zero pages that cost nothing until touched. (calloc may hand
+    // back reused heap memory and clear all of it at once, and touching every page of a
+    // 32 MiB table at once stalls the writer for tens of milliseconds.)
+    void* p = ::mmap(nullptr, size * sizeof(slot), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    data_ = static_cast<slot*>(p);
+}
+
+id_log::slot_table::slot_table(slot_table&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
+
+id_log::slot_table& id_log::slot_table::operator=(slot_table&& other) noexcept {
+    if (this != &other) {
+        release();
+        data_ = std::exchange(other.data_, nullptr);
+        size_ = std::exchange(other.size_, 0);
+    }
+    return *this;
+}
+
+id_log::slot_table::~slot_table() { release(); }
+
+void id_log::slot_table::release() noexcept {
+    if (data_ != nullptr) ::munmap(data_, size_ * sizeof(slot));
+}
+
 id_log::id_log(environment& env, const std::string& table, std::size_t extra_words)
     : table_(env.table(table)), extra_words_(std::min(extra_words, max_extra)) {
-    slots_.resize(1024);
     read_txn txn{env};
     rebuild(txn);
 }
@@ -19,31 +58,55 @@ std::uint64_t id_log::hash_of(std::string_view id) noexcept {
 }
 
 void id_log::insert(std::uint64_t hash, std::uint64_t position) {
-    if ((occupied_ + 1) * 10 > slots_.size() * 7) {
-        // Rehash the live entries, dropping tombstones; double only if they fill half the table.
-        auto size = slots_.size();
-        if ((count_ + 1) * 2 > size) size *= 2;
-        std::vector<slot> old(size);
-        old.swap(slots_);
-        count_ = 0;
-        occupied_ = 0;
-        for (const auto& s : old) {
-            if (s.position != 0 && live(s)) insert(s.hash, s.position - 1);
-        }
-    }
+    if (!draining_.empty()) drain(drain_per_insert);
+    if ((occupied_ + 1) * 10 > slots_.size() * 7) regrow();
+    place(hash, position);
+    ++count_;
+}
+
+void id_log::place(std::uint64_t hash, std::uint64_t position) {
     std::size_t mask = slots_.size() - 1;
     for (std::size_t i = static_cast<std::size_t>(hash) & mask;; i = (i + 1) & mask) {
         if (slots_[i].position == 0 || !live(slots_[i])) {
             if (slots_[i].position == 0) ++occupied_;
             slots_[i] = slot{hash, position + 1};
-            ++count_;
             return;
         }
     }
 }
 
+void id_log::regrow() {
+    // A new table for the live entries, without the tombstones; twice the size only if they
+    // fill half the table. The entries move over the next inserts (drain).
+    drain(draining_.size());  // a previous move not done yet (not expected) finishes first
+    auto size = slots_.size();
+    if ((count_ + 1) * 2 > size) size *= 2;
+    draining_ = std::exchange(slots_, slot_table(size));
+    drained_ = 0;
+    occupied_ = 0;
+}
+
+void id_log::drain(std::size_t slots) {
+    const auto end = drained_ + std::min(slots, draining_.size() - drained_);
+    for (; drained_ < end; ++drained_) {
+        const auto& s = draining_[drained_];
+        if (s.position != 0 && live(s)) place(s.hash, s.position - 1);
+    }
+    if (drained_ == draining_.size()) {
+        draining_ = slot_table{};
+        drained_ = 0;
+    }
+}
+
 void id_log::rebuild(const txn_base& txn) {
-    std::fill(slots_.begin(), slots_.end(), slot{});
+    // Sized for the log as it is (at most half full), so reading it in moves nothing.
+    MDB_stat st{};
+    if (int rc = mdb_stat(txn.handle(), table_, &st); rc != 0) throw_lmdb(rc, "cannot read the size of an id log");
+    std::size_t size = 1024;
+    while (size < 2 * st.ms_entries) size *= 2;
+    slots_ = slot_table(size);
+    draining_ = slot_table{};
+    drained_ = 0;
     count_ = 0;
     occupied_ = 0;
     next_position_ = 1;
@@ -122,14 +185,19 @@ id_log::entry id_log::decode(std::uint64_t position, std::string_view value) con
 }
 
 std::optional<id_log::entry> id_log::indexed(const txn_base& txn, std::string_view id, std::uint64_t hash) const {
-    std::size_t mask = slots_.size() - 1;
-    for (std::size_t i = static_cast<std::size_t>(hash) & mask; slots_[i].position != 0; i = (i + 1) & mask) {
-        if (slots_[i].hash != hash || !live(slots_[i])) continue;
-        // Confirm against the log: equal hashes are not equal ids, and another writer may have pruned it.
-        auto position = slots_[i].position - 1;
-        auto value = txn.get(table_, codec::u64_key(position));
-        if (value && value->size() >= 8 * (1 + extra_words_) && id_of(*value) == id) {
-            return decode(position, *value);
+    // While the index grows, an entry is in the new table, the old one, or both.
+    for (const auto* table : {&slots_, &draining_}) {
+        const auto& t = *table;
+        if (t.empty()) continue;
+        std::size_t mask = t.size() - 1;
+        for (std::size_t i = static_cast<std::size_t>(hash) & mask; t[i].position != 0; i = (i + 1) & mask) {
+            if (t[i].hash != hash || !live(t[i])) continue;
+            // Confirm against the log: equal hashes are not equal ids, and another writer may have pruned it.
+            auto position = t[i].position - 1;
+            auto value = txn.get(table_, codec::u64_key(position));
+            if (value && value->size() >= 8 * (1 + extra_words_) && id_of(*value) == id) {
+                return decode(position, *value);
+            }
         }
     }
     return std::nullopt;

@@ -4,6 +4,8 @@
 
 #include <doctest/doctest.h>
 
+#include <chrono>
+#include <cstdint>
 #include <string>
 
 using idem::test::temp_dir;
@@ -60,6 +62,48 @@ TEST_CASE("many ids survive reopening and the index grows past its first size") 
     idem::read_txn r{*env};
     for (int i = 0; i < 5000; ++i) CHECK(reopened.contains(r, "id-" + std::to_string(i)));
     CHECK_FALSE(reopened.contains(r, "id-5000"));
+}
+
+TEST_CASE("while the index grows and sheds pruned entries, every live id is found and no pruned one") {
+    // Batches of 37 ids, stamped with their batch number; every 7th batch prunes what is 20
+    // batches old. The index moves to a new table several times on the way (growing, and
+    // shedding tombstones), a few slots per insert, so lookups and prunes meet it half moved.
+    temp_dir dir;
+    auto env = idem::environment::open(dir / "db", {.sync = idem::durability::none});
+    idem::id_log box{*env, "inbox/c"};
+    auto id = [](int batch, int k) { return "m-" + std::to_string(batch) + "-" + std::to_string(k); };
+    constexpr int per_batch = 37;
+    int pruned_below = 0;  // batches below it are pruned (all but the log's last entry, never pruned here)
+    for (int b = 0; b < 400; ++b) {
+        {
+            idem::write_txn w{*env};
+            box.catch_up(w);
+            for (int k = 0; k < per_batch; ++k) box.stage(id(b, k), static_cast<std::uint64_t>(b));
+            box.write(w);
+            w.commit();
+            box.committed();
+        }
+        if (b % 7 == 6 && b >= 20) {
+            idem::write_txn w{*env};
+            auto step = box.prune(w, static_cast<std::uint64_t>(b - 20), SIZE_MAX,
+                                  std::chrono::steady_clock::now() + std::chrono::hours(1));
+            w.commit();
+            box.pruned(step);
+            CHECK(step.removed == static_cast<std::size_t>((b - 20 - pruned_below) * per_batch));
+            pruned_below = b - 20;
+        }
+        CHECK(box.size() == static_cast<std::size_t>((b + 1 - pruned_below) * per_batch));
+        idem::read_txn r{*env};
+        for (int c = std::max(0, pruned_below - 3); c <= b; ++c) {
+            for (int k = 0; k < per_batch; k += 6) {
+                if (c < pruned_below) {
+                    CHECK_FALSE(box.contains(r, id(c, k)));
+                } else {
+                    REQUIRE(box.contains(r, id(c, k)));
+                }
+            }
+        }
+    }
 }
 
 TEST_CASE("ids appended by another writer are seen after catching up") {

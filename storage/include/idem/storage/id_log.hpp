@@ -19,6 +19,9 @@
 // Positions are never reused (pruning keeps the last entry, so the log never restarts).
 // Pruning deletes from the head while stamps are older than a cutoff, in bounded steps; the
 // index keeps slots of pruned entries as reusable tombstones (they are below the head).
+// The index grows (or sheds its tombstones) without stopping the writer: a new table takes
+// the entries of the old one a few slots per insert, and lookups probe both meanwhile, so no
+// single insert pays for moving a million entries.
 
 #include <idem/storage/lmdb.hpp>
 
@@ -78,7 +81,8 @@ public:
     bool stage_if_new(const txn_base& txn, std::string_view id, std::uint64_t stamp, std::uint64_t hash);
     /// Asks the CPU to bring the index slot for hash into cache.
     void prefetch(std::uint64_t hash) const noexcept {
-        if (!slots_.empty()) __builtin_prefetch(&slots_[static_cast<std::size_t>(hash) & (slots_.size() - 1)]);
+        slots_.prefetch(hash);
+        draining_.prefetch(hash);
     }
     /// Appends the staged ids to the log inside txn.
     void write(write_txn& txn);
@@ -110,6 +114,28 @@ private:
         std::uint64_t hash = 0;
         std::uint64_t position = 0;  // position + 1; 0 marks an empty slot
     };
+    // A power-of-two table of slots in its own anonymous mapping: it arrives as untouched zero
+    // pages, so making one costs no pass over its memory.
+    class slot_table {
+    public:
+        slot_table() = default;
+        explicit slot_table(std::size_t size);
+        slot_table(slot_table&& other) noexcept;
+        slot_table& operator=(slot_table&& other) noexcept;
+        ~slot_table();
+        std::size_t size() const noexcept { return size_; }
+        bool empty() const noexcept { return size_ == 0; }
+        slot& operator[](std::size_t i) noexcept { return data_[i]; }
+        const slot& operator[](std::size_t i) const noexcept { return data_[i]; }
+        void prefetch(std::uint64_t hash) const noexcept {
+            if (size_ != 0) __builtin_prefetch(&data_[static_cast<std::size_t>(hash) & (size_ - 1)]);
+        }
+
+    private:
+        void release() noexcept;
+        slot* data_ = nullptr;
+        std::size_t size_ = 0;
+    };
     struct staged_id {
         std::string id;
         std::uint64_t stamp = 0;
@@ -117,6 +143,9 @@ private:
         std::array<std::uint64_t, max_extra> extra{};
     };
     void insert(std::uint64_t hash, std::uint64_t position);
+    void place(std::uint64_t hash, std::uint64_t position);
+    void regrow();
+    void drain(std::size_t slots);
     void rebuild(const txn_base& txn);
     std::optional<entry> indexed(const txn_base& txn, std::string_view id, std::uint64_t hash) const;
     const staged_id* staged(std::string_view id, std::uint64_t hash) const;
@@ -125,9 +154,11 @@ private:
 
     MDB_dbi table_;
     std::size_t extra_words_ = 0;
-    std::vector<slot> slots_;
+    slot_table slots_;
+    slot_table draining_;       // the previous table while its entries move to slots_ (else empty)
+    std::size_t drained_ = 0;   // draining_[0, drained_) have moved
     std::size_t count_ = 0;     // live entries
-    std::size_t occupied_ = 0;  // non-empty slots: live entries and tombstones of pruned ones
+    std::size_t occupied_ = 0;  // non-empty slots of slots_: live entries and tombstones of pruned ones
     std::uint64_t head_ = 1;    // the first position not pruned
     std::uint64_t next_position_ = 1;  // the position the next append gets
     std::vector<staged_id> staged_;
