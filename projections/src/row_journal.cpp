@@ -6,6 +6,7 @@
 #include <lmdb.h>
 
 #include <algorithm>
+#include <iterator>
 
 namespace idem::detail {
 
@@ -84,25 +85,71 @@ void row_journal::load(const txn_base& txn) {
     epoch_ = epoch;
     cursor_.assign(folded_to);
     active_.clear();
+    active_runs_.clear();
+    new_keys_.clear();
     frozen_.clear();
+    frozen_order_.clear();
     folded_ = 0;
     next_seq_ = 1;
     for_each_entry(txn, active(), 1, [&](std::uint64_t seq, std::string_view key, std::string_view) {
-        active_[std::string(key)] = seq;
+        auto [it, added] = active_.try_emplace(std::string(key), seq);
+        if (added) {
+            new_keys_.push_back(it->first);
+        } else {
+            it->second = seq;
+        }
         next_seq_ = seq + 1;
     });
-    std::unordered_map<std::string, std::uint64_t> latest;
-    for_each_entry(txn, frozen(), 1,
-                   [&](std::uint64_t seq, std::string_view key, std::string_view) { latest[std::string(key)] = seq; });
-    frozen_.assign(std::make_move_iterator(latest.begin()), std::make_move_iterator(latest.end()));
-    std::sort(frozen_.begin(), frozen_.end());
+    sort_new_keys();
+    for_each_entry(txn, frozen(), 1, [&](std::uint64_t seq, std::string_view key, std::string_view) {
+        auto [it, added] = frozen_.try_emplace(std::string(key), seq);
+        if (added) {
+            frozen_order_.push_back(it->first);
+        } else {
+            it->second = seq;
+        }
+    });
+    std::sort(frozen_order_.begin(), frozen_order_.end());
     if (!cursor_.empty()) {
         folded_ = static_cast<std::size_t>(
-            std::upper_bound(frozen_.begin(), frozen_.end(), cursor_,
-                             [](const std::string& k, const auto& e) { return k < e.first; }) -
-            frozen_.begin());
+            std::upper_bound(frozen_order_.begin(), frozen_order_.end(), std::string_view(cursor_)) -
+            frozen_order_.begin());
     }
     stale_ = false;
+}
+
+void row_journal::sort_new_keys() {
+    if (new_keys_.empty()) return;
+    std::sort(new_keys_.begin(), new_keys_.end());
+    active_runs_.push_back(std::move(new_keys_));
+    new_keys_.clear();
+    // Merge while the newest run is at least half the size of the one before it: the runs'
+    // sizes fall geometrically, so there are few of them and each key is merged O(log n) times.
+    while (active_runs_.size() >= 2 && 2 * active_runs_.back().size() >= active_runs_[active_runs_.size() - 2].size()) {
+        auto& a = active_runs_[active_runs_.size() - 2];
+        const auto& b = active_runs_.back();
+        key_run merged;
+        merged.reserve(a.size() + b.size());
+        std::merge(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(merged));
+        a = std::move(merged);
+        active_runs_.pop_back();
+    }
+}
+
+row_journal::key_run row_journal::active_in_order() {
+    sort_new_keys();
+    while (active_runs_.size() >= 2) {
+        auto& a = active_runs_[active_runs_.size() - 2];
+        const auto& b = active_runs_.back();
+        key_run merged;
+        merged.reserve(a.size() + b.size());
+        std::merge(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(merged));
+        a = std::move(merged);
+        active_runs_.pop_back();
+    }
+    key_run all = active_runs_.empty() ? key_run{} : std::move(active_runs_.front());
+    active_runs_.clear();
+    return all;
 }
 
 std::optional<std::string_view> row_journal::record_at(const txn_base& txn, MDB_dbi table, std::uint64_t seq) const {
@@ -115,14 +162,8 @@ std::optional<std::string_view> row_journal::record_at(const txn_base& txn, MDB_
 }
 
 std::optional<std::string_view> row_journal::find(const txn_base& txn, std::string_view row_key) const {
-    if (!active_.empty()) {
-        if (auto it = active_.find(std::string(row_key)); it != active_.end()) return record_at(txn, active(), it->second);
-    }
-    if (!frozen_.empty()) {
-        auto it = std::lower_bound(frozen_.begin(), frozen_.end(), row_key,
-                                   [](const auto& e, std::string_view k) { return e.first < k; });
-        if (it != frozen_.end() && it->first == row_key) return record_at(txn, frozen(), it->second);
-    }
+    if (auto it = active_.find(row_key); it != active_.end()) return record_at(txn, active(), it->second);
+    if (auto it = frozen_.find(row_key); it != frozen_.end()) return record_at(txn, frozen(), it->second);
     return std::nullopt;
 }
 
@@ -132,7 +173,11 @@ void row_journal::append(write_txn& txn, std::string_view row_key, std::string_v
     const auto seq = next_seq_;
     stale_ = true;  // until the index below matches what the transaction holds
     txn.put(active(), codec::u64_key(seq), value, MDB_APPEND);
-    active_[std::string(row_key)] = seq;
+    if (auto it = active_.find(row_key); it != active_.end()) {
+        it->second = seq;
+    } else {
+        new_keys_.push_back(active_.emplace(std::string(row_key), seq).first->first);
+    }
     next_seq_ = seq + 1;
     stale_ = false;
 }
@@ -145,22 +190,24 @@ void row_journal::write_meta(write_txn& txn) {
 }
 
 void row_journal::fold(write_txn& txn, MDB_dbi rows, std::size_t n, std::size_t swap_at) {
+    sort_new_keys();  // the keys this batch appended join the active journal's runs
     if (n == 0) return;
     stale_ = true;  // an exception half way leaves the index ahead of the aborted transaction
     bool changed = false;
-    if (folded_ < frozen_.size()) {
-        const auto end = std::min(frozen_.size(), folded_ + n);
+    if (folded_ < frozen_order_.size()) {
+        const auto end = std::min(frozen_order_.size(), folded_ + n);
         for (auto i = folded_; i < end; ++i) {
-            const auto& [key, seq] = frozen_[i];
+            const auto key = frozen_order_[i];
             if (active_.contains(key)) continue;  // superseded: folded with the active journal later
-            put_row(txn, rows, key, *record_at(txn, frozen(), seq));
+            put_row(txn, rows, key, *record_at(txn, frozen(), frozen_.find(key)->second));
         }
         folded_ = end;
-        cursor_ = frozen_[end - 1].first;
+        cursor_ = frozen_order_[end - 1];
         changed = true;
     }
-    if (!frozen_.empty() && folded_ == frozen_.size()) {
+    if (!frozen_order_.empty() && folded_ == frozen_order_.size()) {
         empty_table(txn, frozen(), "the frozen journal of projection '" + projection_ + "'");
+        frozen_order_.clear();
         frozen_.clear();
         folded_ = 0;
         cursor_.clear();
@@ -173,10 +220,10 @@ void row_journal::fold(write_txn& txn, MDB_dbi rows, std::size_t n, std::size_t 
         if (int rc = mdb_stat(txn.handle(), rows, &st); rc != 0) throw_lmdb(rc, "cannot read the row table's size");
         swap_at = std::max<std::size_t>(1024, 16 * st.ms_leaf_pages);
     }
-    if (frozen_.empty() && active_entries() >= swap_at) {
+    if (frozen_order_.empty() && active_entries() >= swap_at) {
         ++epoch_;  // the active journal is frozen; the emptied one takes new rows
-        frozen_.assign(std::make_move_iterator(active_.begin()), std::make_move_iterator(active_.end()));
-        std::sort(frozen_.begin(), frozen_.end());
+        frozen_order_ = active_in_order();
+        frozen_ = std::move(active_);  // the nodes move, so the views in frozen_order_ stay valid
         active_.clear();
         next_seq_ = 1;
         cursor_.clear();
@@ -188,16 +235,15 @@ void row_journal::fold(write_txn& txn, MDB_dbi rows, std::size_t n, std::size_t 
 
 void row_journal::fold_all(write_txn& txn, MDB_dbi rows) {
     stale_ = true;
-    for (auto i = folded_; i < frozen_.size(); ++i) {
-        const auto& [key, seq] = frozen_[i];
-        if (!active_.contains(key)) put_row(txn, rows, key, *record_at(txn, frozen(), seq));
+    for (auto i = folded_; i < frozen_order_.size(); ++i) {
+        const auto key = frozen_order_[i];
+        if (!active_.contains(key)) put_row(txn, rows, key, *record_at(txn, frozen(), frozen_.find(key)->second));
     }
-    std::vector<std::pair<std::string, std::uint64_t>> active(active_.begin(), active_.end());
-    std::sort(active.begin(), active.end());
-    for (const auto& [key, seq] : active) put_row(txn, rows, key, *record_at(txn, this->active(), seq));
+    for (const auto key : active_in_order()) put_row(txn, rows, key, *record_at(txn, this->active(), active_.find(key)->second));
     const bool had = !frozen_.empty() || !active_.empty() || !cursor_.empty();
     if (!frozen_.empty()) empty_table(txn, frozen(), "the frozen journal of projection '" + projection_ + "'");
     if (!active_.empty()) empty_table(txn, this->active(), "the journal of projection '" + projection_ + "'");
+    frozen_order_.clear();
     frozen_.clear();
     active_.clear();
     folded_ = 0;

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -66,8 +67,18 @@ public:
     static std::pair<std::uint64_t, std::string_view> decode_meta(std::optional<std::string_view> v);
 
 private:
+    // Row key -> sequence, looked up by string_view without building a string.
+    struct key_hash {
+        using is_transparent = void;
+        std::size_t operator()(std::string_view k) const noexcept { return std::hash<std::string_view>{}(k); }
+    };
+    using key_map = std::unordered_map<std::string, std::uint64_t, key_hash, std::equal_to<>>;
+    using key_run = std::vector<std::string_view>;  // row keys in key order, views into a key_map's nodes
+
     void load(const txn_base& txn);
     void write_meta(write_txn& txn);
+    void sort_new_keys();
+    key_run active_in_order();
     MDB_dbi active() const noexcept { return tables_[epoch_ % 2]; }
     MDB_dbi frozen() const noexcept { return tables_[(epoch_ + 1) % 2]; }
     std::optional<std::string_view> record_at(const txn_base& txn, MDB_dbi table, std::uint64_t seq) const;
@@ -80,9 +91,15 @@ private:
     std::uint64_t epoch_ = 0;
     std::string cursor_;  // the last row key folded from the frozen journal ("": none yet)
     std::uint64_t next_seq_ = 1;
-    std::unordered_map<std::string, std::uint64_t> active_;   // row key -> its latest sequence
-    std::vector<std::pair<std::string, std::uint64_t>> frozen_;  // by row key: its latest sequence
-    std::size_t folded_ = 0;  // frozen_[0, folded_) are in the row table
+    key_map active_;  // row key -> its latest sequence in the active journal
+    // The active journal's keys in key order, kept as sorted runs a batch at a time (sizes
+    // falling by at least half from one run to the next, merged like a binary counter), so
+    // that a swap merges a few runs instead of sorting every key at once.
+    std::vector<key_run> active_runs_;
+    key_run new_keys_;     // keys this batch added to active_, not in a run yet
+    key_map frozen_;       // row key -> its latest sequence in the frozen journal
+    key_run frozen_order_; // frozen_'s keys in key order
+    std::size_t folded_ = 0;  // frozen_order_[0, folded_) are in the row table
 };
 
 /// Where a snapshot finds a projection's journals: the epoch it sees, the journal tables by
