@@ -15,8 +15,19 @@ namespace {
 
 // Slots of the old table moved per insert while the index grows: a new table must receive
 // all of them before it fills to its own limit (0.7). Doubling needs more than 1.5 per
-// insert, shedding tombstones at the same size (half full) more than 5.
-constexpr std::size_t drain_per_insert = 16;
+// insert, shedding tombstones at the same size (half full) more than 5. Slower is gentler:
+// while they move, lookups probe two tables and each insert places a few more entries.
+constexpr std::size_t drain_when_doubling = 4;
+constexpr std::size_t drain_at_same_size = 16;
+// Inserts per page of the successor table touched in advance. It is prepared from half the
+// fill limit (0.35 of the table) on; touching one page per 16 inserts finishes a doubled
+// successor (table size / 128 pages) by 0.35 + 16/128 = 0.475 of the table.
+constexpr std::size_t inserts_per_touch = 16;
+constexpr std::size_t page_bytes = 4096;
+
+// The size of the table that takes over when one of size entries reaches its limit: the
+// live entries without the tombstones, twice the size only if they would fill half of it.
+std::size_t successor_size(std::size_t size, std::size_t live) { return (live + 1) * 2 > size ? 2 * size : size; }
 
 }  // namespace
 
@@ -27,6 +38,14 @@ id_log::slot_table::slot_table(std::size_t size) : size_(size) {
     void* p = ::mmap(nullptr, size * sizeof(slot), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) throw std::bad_alloc();
     data_ = static_cast<slot*>(p);
+}
+
+std::size_t id_log::slot_table::pages() const noexcept { return (size_ * sizeof(slot) + page_bytes - 1) / page_bytes; }
+
+void id_log::slot_table::touch(std::size_t page) noexcept {
+    // A write, so the page is the table's own (a read would map the shared zero page).
+    auto* p = reinterpret_cast<volatile unsigned char*>(data_) + page * page_bytes;
+    *p = 0;
 }
 
 id_log::slot_table::slot_table(slot_table&& other) noexcept
@@ -58,7 +77,8 @@ std::uint64_t id_log::hash_of(std::string_view id) noexcept {
 }
 
 void id_log::insert(std::uint64_t hash, std::uint64_t position) {
-    if (!draining_.empty()) drain(drain_per_insert);
+    if (!draining_.empty()) drain(drain_rate_);
+    prepare_next();
     if ((occupied_ + 1) * 10 > slots_.size() * 7) regrow();
     place(hash, position);
     ++count_;
@@ -75,13 +95,33 @@ void id_log::place(std::uint64_t hash, std::uint64_t position) {
     }
 }
 
+void id_log::prepare_next() {
+    // Past half its fill limit, the table's successor is mapped and its pages touched one per
+    // 16 inserts: faulting in a fresh 32 MiB table costs ~8,000 page faults, microseconds each
+    // on a virtual machine, and when entries land in it at random they all come at once.
+    if (!draining_.empty() || occupied_ * 20 <= slots_.size() * 7) return;
+    if (next_.empty()) {
+        // Expected live entries at the limit: every insert until then adds one.
+        const auto at_limit = count_ + (slots_.size() * 7 / 10 - std::min(occupied_, slots_.size() * 7 / 10));
+        next_ = slot_table(successor_size(slots_.size(), at_limit));
+        touched_ = 0;
+        until_touch_ = 0;
+    }
+    if (touched_ < next_.pages() && until_touch_-- == 0) {
+        next_.touch(touched_++);
+        until_touch_ = inserts_per_touch - 1;
+    }
+}
+
 void id_log::regrow() {
-    // A new table for the live entries, without the tombstones; twice the size only if they
-    // fill half the table. The entries move over the next inserts (drain).
+    // A new table for the live entries, without the tombstones (see successor_size). The
+    // entries move over the next inserts (drain).
     drain(draining_.size());  // a previous move not done yet (not expected) finishes first
-    auto size = slots_.size();
-    if ((count_ + 1) * 2 > size) size *= 2;
-    draining_ = std::exchange(slots_, slot_table(size));
+    const auto size = successor_size(slots_.size(), count_);
+    slot_table fresh = next_.size() == size ? std::move(next_) : slot_table(size);
+    next_ = slot_table{};
+    drain_rate_ = size > slots_.size() ? drain_when_doubling : drain_at_same_size;
+    draining_ = std::exchange(slots_, std::move(fresh));
     drained_ = 0;
     occupied_ = 0;
 }
@@ -107,6 +147,7 @@ void id_log::rebuild(const txn_base& txn) {
     slots_ = slot_table(size);
     draining_ = slot_table{};
     drained_ = 0;
+    next_ = slot_table{};
     count_ = 0;
     occupied_ = 0;
     next_position_ = 1;

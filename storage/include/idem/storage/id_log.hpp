@@ -21,7 +21,8 @@
 // index keeps slots of pruned entries as reusable tombstones (they are below the head).
 // The index grows (or sheds its tombstones) without stopping the writer: a new table takes
 // the entries of the old one a few slots per insert, and lookups probe both meanwhile, so no
-// single insert pays for moving a million entries.
+// single insert pays for moving a million entries; and the new table's memory is faulted in
+// a page at a time while the old one fills, not all at once when entries start landing in it.
 
 #include <idem/storage/lmdb.hpp>
 
@@ -130,6 +131,10 @@ private:
         void prefetch(std::uint64_t hash) const noexcept {
             if (size_ != 0) __builtin_prefetch(&data_[static_cast<std::size_t>(hash) & (size_ - 1)]);
         }
+        /// Memory pages the table spans.
+        std::size_t pages() const noexcept;
+        /// Has the kernel back page i of the table now (a write), so no lookup faults on it later.
+        void touch(std::size_t page) noexcept;
 
     private:
         void release() noexcept;
@@ -145,6 +150,7 @@ private:
     void insert(std::uint64_t hash, std::uint64_t position);
     void place(std::uint64_t hash, std::uint64_t position);
     void regrow();
+    void prepare_next();
     void drain(std::size_t slots);
     void rebuild(const txn_base& txn);
     std::optional<entry> indexed(const txn_base& txn, std::string_view id, std::uint64_t hash) const;
@@ -157,6 +163,10 @@ private:
     slot_table slots_;
     slot_table draining_;       // the previous table while its entries move to slots_ (else empty)
     std::size_t drained_ = 0;   // draining_[0, drained_) have moved
+    std::size_t drain_rate_ = 0;  // slots of draining_ moved per insert
+    slot_table next_;           // slots_'s successor, its pages touched ahead of need (else empty)
+    std::size_t touched_ = 0;   // next_'s pages [0, touched_) are backed
+    std::size_t until_touch_ = 0;  // inserts before the next page of next_ is touched
     std::size_t count_ = 0;     // live entries
     std::size_t occupied_ = 0;  // non-empty slots of slots_: live entries and tombstones of pruned ones
     std::uint64_t head_ = 1;    // the first position not pruned
