@@ -10,14 +10,19 @@
 
 #include <idem/idem.hpp>
 
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+
 #include <algorithm>
 #include <array>
 #include <charconv>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -172,6 +177,22 @@ inline io_counters read_io() {
     }
     if (!found) throw std::runtime_error("/proc/self/io has no write_bytes line");
     return c;
+}
+
+// Bytes the block device holding path has written, from /sys/dev/block/<major>:<minor>/stat
+// (sectors written, 512 bytes each): what reached the disk, the file system's journal
+// included, from every process on the machine. nullopt where path is on no block device
+// (tmpfs) or the counter cannot be read.
+inline std::optional<std::uint64_t> device_bytes_written(const std::filesystem::path& path) {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) return std::nullopt;
+    std::ifstream in{"/sys/dev/block/" + std::to_string(major(st.st_dev)) + ":" + std::to_string(minor(st.st_dev)) +
+                     "/stat"};
+    std::uint64_t field = 0;
+    for (int i = 0; i < 7 && (in >> field); ++i) {
+    }
+    if (!in) return std::nullopt;
+    return field * 512;  // the 7th field: sectors written
 }
 
 // What a variant ended with, in a form both variants and the reference can produce.
