@@ -36,6 +36,28 @@ void for_each_entry(const txn_base& txn, MDB_dbi table, std::uint64_t from, F&& 
     }
 }
 
+// Sets a key's latest sequence in a journal's map; a key new to the map also goes to order
+// (a view of the map's own copy, which stays put).
+template <class Map>
+void note_latest(Map& map, std::vector<std::string_view>& order, std::string_view key, std::uint64_t seq) {
+    if (auto it = map.find(key); it != map.end()) {
+        it->second = seq;
+        return;
+    }
+    order.push_back(map.emplace(std::string(key), seq).first->first);
+}
+
+// Merges the newest of a list of sorted runs into the one before it.
+void merge_newest(std::vector<std::vector<std::string_view>>& runs) {
+    auto& a = runs[runs.size() - 2];
+    const auto& b = runs.back();
+    std::vector<std::string_view> merged;
+    merged.reserve(a.size() + b.size());
+    std::merge(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(merged));
+    a = std::move(merged);
+    runs.pop_back();
+}
+
 void empty_table(write_txn& txn, MDB_dbi table, const std::string& what) {
     if (int rc = mdb_drop(txn.handle(), table, 0); rc != 0) throw_lmdb(rc, "cannot empty " + what);
 }
@@ -92,22 +114,12 @@ void row_journal::load(const txn_base& txn) {
     folded_ = 0;
     next_seq_ = 1;
     for_each_entry(txn, active(), 1, [&](std::uint64_t seq, std::string_view key, std::string_view) {
-        auto [it, added] = active_.try_emplace(std::string(key), seq);
-        if (added) {
-            new_keys_.push_back(it->first);
-        } else {
-            it->second = seq;
-        }
+        note_latest(active_, new_keys_, key, seq);
         next_seq_ = seq + 1;
     });
     sort_new_keys();
     for_each_entry(txn, frozen(), 1, [&](std::uint64_t seq, std::string_view key, std::string_view) {
-        auto [it, added] = frozen_.try_emplace(std::string(key), seq);
-        if (added) {
-            frozen_order_.push_back(it->first);
-        } else {
-            it->second = seq;
-        }
+        note_latest(frozen_, frozen_order_, key, seq);
     });
     std::sort(frozen_order_.begin(), frozen_order_.end());
     if (!cursor_.empty()) {
@@ -126,27 +138,13 @@ void row_journal::sort_new_keys() {
     // Merge while the newest run is at least half the size of the one before it: the runs'
     // sizes fall geometrically, so there are few of them and each key is merged O(log n) times.
     while (active_runs_.size() >= 2 && 2 * active_runs_.back().size() >= active_runs_[active_runs_.size() - 2].size()) {
-        auto& a = active_runs_[active_runs_.size() - 2];
-        const auto& b = active_runs_.back();
-        key_run merged;
-        merged.reserve(a.size() + b.size());
-        std::merge(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(merged));
-        a = std::move(merged);
-        active_runs_.pop_back();
+        merge_newest(active_runs_);
     }
 }
 
 row_journal::key_run row_journal::active_in_order() {
     sort_new_keys();
-    while (active_runs_.size() >= 2) {
-        auto& a = active_runs_[active_runs_.size() - 2];
-        const auto& b = active_runs_.back();
-        key_run merged;
-        merged.reserve(a.size() + b.size());
-        std::merge(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(merged));
-        a = std::move(merged);
-        active_runs_.pop_back();
-    }
+    while (active_runs_.size() >= 2) merge_newest(active_runs_);
     key_run all = active_runs_.empty() ? key_run{} : std::move(active_runs_.front());
     active_runs_.clear();
     return all;
@@ -173,11 +171,7 @@ void row_journal::append(write_txn& txn, std::string_view row_key, std::string_v
     const auto seq = next_seq_;
     stale_ = true;  // until the index below matches what the transaction holds
     txn.put(active(), codec::u64_key(seq), value, MDB_APPEND);
-    if (auto it = active_.find(row_key); it != active_.end()) {
-        it->second = seq;
-    } else {
-        new_keys_.push_back(active_.emplace(std::string(row_key), seq).first->first);
-    }
+    note_latest(active_, new_keys_, row_key, seq);
     next_seq_ = seq + 1;
     stale_ = false;
 }
