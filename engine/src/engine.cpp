@@ -116,15 +116,6 @@ struct engine::impl {
 
 namespace {
 
-void post_apply(pending_apply& p, std::error_code ec, outcome o) {
-    auto ex = std::move(p.ex);
-    // The prepared delivery goes along: it is freed on the thread that prepared it (memory
-    // freed on another thread than the one that allocated it costs glibc's malloc a lock).
-    boost::asio::post(ex, [h = std::move(p.handler), ec, o = std::move(o), body = std::move(p.body)]() mutable {
-        std::move(h)(ec, std::move(o));
-    });
-}
-
 // The completions of one batch that share an executor: one post runs them all, in order, so
 // a batch of 256 costs the writer one post (one allocation, one lock of the executor's
 // queue, at most one wake-up) per executor instead of one per delivery.
@@ -132,7 +123,9 @@ struct completion {
     apply_handler handler;
     std::error_code ec;
     outcome o;
-    prepared_batch body;  // freed on the executor's thread, where it was prepared
+    // The prepared delivery goes along: it is freed on the thread that prepared it (memory
+    // freed on another thread than the one that allocated it costs glibc's malloc a lock).
+    prepared_batch body;
 };
 
 // Move-only, so that Asio does not take the handler for a copyable one (a vector of
@@ -167,6 +160,13 @@ void post_group(engine::executor_type ex, completion_group group) {
         }
         std::rethrow_exception(thrown.front());
     });
+}
+
+// One completion on its own (a submission refused before it reached the writer).
+void post_apply(pending_apply& p, std::error_code ec, outcome o) {
+    completion_group group;
+    group.items.push_back(completion{std::move(p.handler), ec, std::move(o), std::move(p.body)});
+    post_group(std::move(p.ex), std::move(group));
 }
 
 void post_marker(pending_marker& p, std::error_code ec) {
