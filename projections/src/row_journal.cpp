@@ -303,8 +303,7 @@ bool journal_index::find(const txn_base& txn, const journal_state& state, std::s
         });
     }
     out.reset();
-    const std::string key(row_key);
-    if (auto it = active_.find(key); it != active_.end() && state.active) {
+    if (auto it = active_.find(row_key); it != active_.end() && state.active) {
         // The latest sequence this snapshot sees (later ones were appended after it began).
         auto seqs = it->second.rbegin();
         while (seqs != it->second.rend() && *seqs > state.active_last) ++seqs;
@@ -316,7 +315,7 @@ bool journal_index::find(const txn_base& txn, const journal_state& state, std::s
             return false;  // not where the index says: let the caller read the journals itself
         }
     }
-    if (auto it = frozen_.find(key); it != frozen_.end() && state.frozen && state.frozen_entries > 0) {
+    if (auto it = frozen_.find(row_key); it != frozen_.end() && state.frozen && state.frozen_entries > 0) {
         if (auto v = txn.get(*state.frozen, codec::u64_key(it->second))) {
             out = row_journal::split(*v).second;
             return true;

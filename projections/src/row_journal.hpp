@@ -17,6 +17,17 @@
 
 namespace idem::detail {
 
+/// Row key -> T, looked up by string_view without building a string. The hasher is not
+/// noexcept on purpose: libstdc++ then keeps each node's hash, and a lookup walking a bucket
+/// compares hashes instead of hashing every key it passes again (measured: 5% of the
+/// writer's time went to that).
+struct journal_key_hash {
+    using is_transparent = void;
+    std::size_t operator()(std::string_view k) const { return std::hash<std::string_view>{}(k); }
+};
+template <class T>
+using journal_key_map = std::unordered_map<std::string, T, journal_key_hash, std::equal_to<>>;
+
 /// A projection's recently written rows, kept out of its row table until they are folded in.
 ///
 /// Rewriting each changed row in place dirties one B-tree leaf per row a batch touches: with
@@ -67,15 +78,7 @@ public:
     static std::pair<std::uint64_t, std::string_view> decode_meta(std::optional<std::string_view> v);
 
 private:
-    // Row key -> sequence, looked up by string_view without building a string. Not noexcept
-    // on purpose: libstdc++ then keeps each node's hash, and a lookup walking a bucket
-    // compares hashes instead of hashing every key it passes again (measured: 5% of the
-    // writer's time went to that).
-    struct key_hash {
-        using is_transparent = void;
-        std::size_t operator()(std::string_view k) const { return std::hash<std::string_view>{}(k); }
-    };
-    using key_map = std::unordered_map<std::string, std::uint64_t, key_hash, std::equal_to<>>;
+    using key_map = journal_key_map<std::uint64_t>;
     using key_run = std::vector<std::string_view>;  // row keys in key order, views into a key_map's nodes
 
     void load(const txn_base& txn);
@@ -153,8 +156,8 @@ private:
     std::uint64_t epoch_ = 0;
     std::uint64_t active_seen_ = 0;   // active sequences 1..active_seen_ are indexed
     std::size_t frozen_entries_ = 0;  // the frozen journal's entries when it was read
-    std::unordered_map<std::string, std::vector<std::uint64_t>> active_;  // row key -> sequences, ascending
-    std::unordered_map<std::string, std::uint64_t> frozen_;              // row key -> its latest sequence
+    journal_key_map<std::vector<std::uint64_t>> active_;  // row key -> sequences, ascending
+    journal_key_map<std::uint64_t> frozen_;               // row key -> its latest sequence
 };
 
 }  // namespace idem::detail
