@@ -2,6 +2,8 @@
 
 #include <idem/storage/crash_point.hpp>
 #include <idem/storage/error.hpp>
+#include <idem/storage/store_dir.hpp>
+#include <idem/storage/writer_lock.hpp>
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -256,7 +258,11 @@ log_run_result build(const rebuild_options& options) {
         if (options.setup) options.setup(s);
         s.begin_bulk(options.memory_budget);
         log_run run{s, options};
-        result = run.run(false, false, {}, nullptr);
+        result = run.run(false, false, {}, options.stop);
+        if (options.stop != nullptr && options.stop->load()) {
+            throw std::system_error(std::make_error_code(std::errc::operation_canceled),
+                                    "stopped before the build was complete; nothing was replaced");
+        }
         s.end_bulk();
         result.stats = s.read().stats(so.consumer);
         s.env()->sync(true);
@@ -270,36 +276,6 @@ std::filesystem::path normalized_dir(const std::filesystem::path& dir) {
     if (!p.has_filename()) p = p.parent_path();  // "data/" names "data"
     return p;
 }
-
-namespace {
-
-/// An exclusive lock on <target>.rebuild.lock for the life of a rebuild: two rebuilds of one
-/// target would delete each other's half-built environment.
-class rebuild_lock {
-public:
-    explicit rebuild_lock(const std::filesystem::path& target) {
-        auto path = target;
-        path += ".rebuild.lock";
-        fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-        if (fd_ < 0) throw std::system_error(errno, std::system_category(), "cannot create " + path.string());
-        if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
-            int e = errno;
-            ::close(fd_);
-            if (e == EWOULDBLOCK) {
-                throw_error(errc::invalid_argument, "another rebuild of " + target.string() + " is running");
-            }
-            throw std::system_error(e, std::system_category(), "cannot lock " + path.string());
-        }
-    }
-    ~rebuild_lock() { ::close(fd_); }
-    rebuild_lock(const rebuild_lock&) = delete;
-    rebuild_lock& operator=(const rebuild_lock&) = delete;
-
-private:
-    int fd_ = -1;
-};
-
-}  // namespace
 
 namespace {
 
@@ -318,30 +294,49 @@ bool lmdb_file(const std::filesystem::path& path) {
     return little || big;
 }
 
+// Refuses a target that is not a store's directory: the rebuild replaces it and deletes the old one.
+void check_rebuild_target(const std::filesystem::path& target) {
+    if (!std::filesystem::exists(target)) return;
+    if (!std::filesystem::is_directory(target)) {
+        throw_error(errc::invalid_argument, target.string() + ": exists and is not a directory");
+    }
+    if (auto other = foreign_files(target); !other.empty()) {
+        std::string names;
+        for (std::size_t i = 0; i < other.size() && i < 5; ++i) names += (i ? ", " : "") + other[i];
+        if (other.size() > 5) names += ", ...";
+        throw_error(errc::invalid_argument,
+                    target.string() + ": holds files that are not part of an idem store (" + names +
+                        "); a rebuild replaces the whole directory, so it is refused: give the store a "
+                        "directory of its own");
+    }
+    if (std::filesystem::exists(target / "data.mdb") && !lmdb_file(target / "data.mdb")) {
+        throw_error(errc::invalid_argument, target.string() +
+                                                ": its data.mdb is not an LMDB file (no LMDB meta page); "
+                                                "not replacing it");
+    }
+}
+
 }  // namespace
 
 log_run_result rebuild(const rebuild_options& options) {
     const auto target = normalized_dir(options.store.path);
     if (target == target.root_path()) throw_error(errc::invalid_argument, "rebuild: no target directory given");
-    if (std::filesystem::exists(target)) {
-        // The target is replaced and then deleted: make sure it is an environment, not a typo.
-        if (!std::filesystem::is_directory(target)) {
-            throw_error(errc::invalid_argument, target.string() + ": exists and is not a directory");
-        }
-        if (!std::filesystem::is_empty(target) && !std::filesystem::exists(target / "data.mdb")) {
-            throw_error(errc::invalid_argument,
-                        target.string() + ": exists and is not an idem environment (no data.mdb); not replacing it");
-        }
-        if (std::filesystem::exists(target / "data.mdb") && !lmdb_file(target / "data.mdb")) {
-            throw_error(errc::invalid_argument, target.string() +
-                                                    ": its data.mdb is not an LMDB file (no LMDB meta page); "
-                                                    "not replacing it");
-        }
-    }
-    rebuild_lock lock{target};
+    check_rebuild_target(target);
+    std::error_code ec;
+    const bool created = !std::filesystem::exists(target);
+    std::filesystem::create_directories(target, ec);
+    if (ec) throw std::system_error(ec, "cannot create " + target.string());
+    // The target's writer lock for the whole rebuild: no consumer writes into the store being
+    // replaced, and no other rebuild deletes this one's half-built environment. It is held
+    // through the swap; a writer that waited for it then finds the new store at the path.
+    writer_lock lock{target, options.store.wait_for_writer};
+    check_rebuild_target(target);  // again, now that nobody else writes there
     auto fresh = target;
     fresh += ".rebuild";
-    std::filesystem::remove_all(fresh);  // left by a rebuild that was killed: start over
+    remove_store_dir(fresh);  // left by a rebuild that was killed: start over
+    auto legacy_lock = target;
+    legacy_lock += ".rebuild.lock";  // the rebuild lock of earlier versions
+    std::filesystem::remove(legacy_lock, ec);
 
     auto o = options;
     o.store.path = fresh;
@@ -349,22 +344,21 @@ log_run_result rebuild(const rebuild_options& options) {
     try {
         result = build(o);
     } catch (...) {
-        std::error_code ec;
         std::filesystem::remove_all(fresh, ec);  // the target was not touched; leave nothing beside it
+        if (created) std::filesystem::remove_all(target, ec);  // holds just the lock this run made
         throw;
     }
 
     // Swap in one rename: the target is the old or the new environment, never a mix.
     crash_point("during_swap");
-    if (!std::filesystem::exists(target)) {
-        std::filesystem::rename(fresh, target);
-    } else if (::renameat2(AT_FDCWD, fresh.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) != 0) {
-        throw std::system_error(errno, std::system_category(),
-                                "cannot swap " + fresh.string() + " into " + target.string());
+    if (::renameat2(AT_FDCWD, fresh.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) != 0) {
+        const int e = errno;
+        std::filesystem::remove_all(fresh, ec);
+        throw std::system_error(e, std::system_category(), "cannot swap " + fresh.string() + " into " + target.string());
     }
     fsync_dir(target.parent_path());
     crash_point("after_swap");
-    std::filesystem::remove_all(fresh);  // now the previous environment
+    remove_store_dir(fresh);  // now the previous environment
     return result;
 }
 

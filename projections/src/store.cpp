@@ -1143,6 +1143,7 @@ store::store(store_options options) : impl_(std::make_unique<impl>()) {
     eo.map_size = std::min(o.map_size, o.max_map_size);
     eo.max_map_size = o.max_map_size;
     eo.sync = o.sync;
+    eo.wait_for_writer = o.wait_for_writer;
     impl_->env = environment::open(o.path, eo);
     auto& env = *impl_->env;
     impl_->meta = env.table("meta");

@@ -25,6 +25,8 @@ public:
         case errc::panic: return "LMDB panic: environment must be reopened";
         case errc::corrupt_log: return "corrupt event log";
         case errc::torn_record: return "event log ends in an incomplete record";
+        case errc::store_locked: return "the store is being written by another process";
+        case errc::store_damaged: return "the store is damaged";
         }
         return "unknown idem error";
     }

@@ -2,6 +2,8 @@
 
 #include <idem/storage/crash_point.hpp>
 
+#include "data_file.hpp"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -72,21 +74,12 @@ std::shared_ptr<environment> environment::open(const std::filesystem::path& path
 
 environment::environment(std::filesystem::path path, const environment_options& options)
     : path_(std::move(path)), options_(options) {
+    if (!options_.read_only) {
+        writer_lock_.emplace(path_, options_.wait_for_writer);
+        detail::create_data_file(path_);
+    }
     open_handle(options_.map_size);
 }
-
-namespace {
-
-// Whether the environment at dir holds a data file shorter than its two meta pages: its
-// creation was cut short, and it cannot hold a single commit.
-bool torn_creation(const std::filesystem::path& dir) {
-    std::error_code ec;
-    const auto size = std::filesystem::file_size(dir / "data.mdb", ec);
-    const auto page = static_cast<std::uintmax_t>(::sysconf(_SC_PAGESIZE));
-    return !ec && size > 0 && size < 2 * page;
-}
-
-}  // namespace
 
 void environment::open_handle(std::size_t map_size) {
     if (int rc = mdb_env_create(&env_); rc != 0) {
@@ -102,22 +95,32 @@ void environment::open_handle(std::size_t map_size) {
     if (!options_.read_only) {
         if (int rc = mdb_env_set_mapsize(env_, map_size); rc != 0) fail(rc, "cannot set map size of");
     }
+    // LMDB maps the data file and trusts it: a file cut short is a SIGBUS at the first read past
+    // its end. And it writes to its lock file through a shared map: a SIGBUS on a full disk.
+    try {
+        for (int attempt = 0;; ++attempt) {
+            try {
+                detail::check_data_file(path_);
+                break;
+            } catch (const std::system_error& e) {
+                // A reader may catch a writer mid-way through a meta page: look again before
+                // calling the store damaged. A writer holds the lock: nobody else writes.
+                if (!options_.read_only || e.code() != errc::store_damaged || attempt == 4) throw;
+                std::this_thread::sleep_for(std::chrono::milliseconds(20));
+            }
+        }
+        detail::reserve_lock_file(path_, options_.max_readers);
+    } catch (...) {
+        mdb_env_close(env_);
+        env_ = nullptr;
+        throw;
+    }
     unsigned flags = MDB_NOTLS | MDB_NORDAHEAD;
     if (options_.read_only) flags |= MDB_RDONLY;
     // periodic keeps LMDB's sync per commit: under MDB_NOSYNC a system crash can corrupt the
     // file, not just lose commits. Its pacing (fewer, larger commits) is the engine's job.
     if (options_.sync == durability::none) flags |= MDB_NOSYNC;
     const int opened = mdb_env_open(env_, path_.c_str(), flags, 0644);
-    if (opened != 0 && !options_.read_only && torn_creation(path_)) {
-        // A process killed while LMDB wrote a new environment's two meta pages (one 8 KiB
-        // write) leaves a file that can hold no commit and that LMDB refuses for ever; an
-        // empty file is a new environment to LMDB, so start it again.
-        std::filesystem::resize_file(path_ / "data.mdb", 0);
-        mdb_env_close(env_);
-        env_ = nullptr;
-        open_handle(map_size);
-        return;
-    }
     if (opened != 0) fail(opened, "cannot open");
     // Reader slots of crashed processes would pin old pages forever (and grow the file).
     int dead = 0;

@@ -258,7 +258,7 @@ class safety_test(cli_case):
             f.write("keep me")
         p = run("rebuild", "--db", precious, "--log", self.path("a.jsonl"), check=False)
         self.assertEqual(p.returncode, 2)
-        self.assertIn("not an idem environment", p.stderr)
+        self.assertIn("holds files that are not part of an idem store (notes.txt)", p.stderr)
         self.assertTrue(os.path.exists(os.path.join(precious, "notes.txt")))
 
     def test_a_trailing_slash_names_the_same_environment(self):
@@ -266,7 +266,7 @@ class safety_test(cli_case):
         run("rebuild", "--db", self.path("db") + "/", "--log", self.path("a.jsonl"))
         self.assertTrue(os.path.exists(os.path.join(self.path("db"), "data.mdb")))
         self.assertTrue(json.loads(run("verify", "--db", self.path("db") + "/", "--log", self.path("a.jsonl")).stdout)["match"])
-        self.assertEqual(sorted(os.listdir(self.path("db"))), ["data.mdb", "lock.mdb"])
+        self.assertEqual(sorted(os.listdir(self.path("db"))), ["data.mdb", "idem.lock", "lock.mdb"])
 
     def test_a_second_rebuild_of_the_same_target_is_refused_while_one_runs(self):
         import fcntl
@@ -274,11 +274,11 @@ class safety_test(cli_case):
         db = self.path("db")
         run("rebuild", "--db", db, "--log", self.path("a.jsonl"))
         before = self.dump(db, "positions")
-        with open(db + ".rebuild.lock", "w") as held:  # what a running rebuild holds
+        with open(os.path.join(db, "idem.lock"), "w") as held:  # what a running rebuild holds
             fcntl.flock(held, fcntl.LOCK_EX)
             p = run("rebuild", "--db", db, "--log", self.path("a.jsonl"), check=False)
             self.assertEqual(p.returncode, 2)
-            self.assertIn("another rebuild", p.stderr)
+            self.assertIn("is being written by", p.stderr)
             self.assertEqual(self.dump(db, "positions"), before)
         run("rebuild", "--db", db, "--log", self.path("a.jsonl"))  # free again
 
@@ -522,7 +522,8 @@ class bad_input_test(cli_case):
             f.write(os.urandom(8192))
         p = run("stats", "--db", db, check=False)
         self.assertEqual(p.returncode, 2)
-        self.assertIn(f"cannot open LMDB environment '{db}'", p.stderr)
+        self.assertIn(f"{db}/data.mdb: ", p.stderr)
+        self.assertIn("not an LMDB file", p.stderr)
         # rebuild would swap it out and delete it: it refuses instead, and leaves it as it was.
         self.gen("a.jsonl", events=50)
         before = read_bytes(os.path.join(db, "data.mdb"))

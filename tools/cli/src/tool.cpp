@@ -4,6 +4,7 @@
 #include <idem/storage/duration.hpp>
 #include <idem/storage/error.hpp>
 #include <idem/storage/event_log.hpp>
+#include <idem/storage/store_dir.hpp>
 
 #include <simdjson.h>
 
@@ -24,6 +25,31 @@ namespace {
 std::atomic<bool> stop_requested{false};
 
 extern "C" void on_stop_signal(int) { stop_requested.store(true); }
+
+/// For the life of a command: the first Ctrl-C or SIGTERM sets stop_requested (a consume stops
+/// after the batch in hand, a rebuild or a wait for the writer lock gives up); a second one ends
+/// the process the default way. The caller's handlers are restored afterwards.
+class stop_signals {
+public:
+    stop_signals() {
+        stop_requested.store(false);
+        struct sigaction sa{};
+        sa.sa_handler = on_stop_signal;
+        sa.sa_flags = static_cast<int>(SA_RESETHAND);
+        ::sigaction(SIGINT, &sa, &old_int_);
+        ::sigaction(SIGTERM, &sa, &old_term_);
+    }
+    ~stop_signals() {
+        ::sigaction(SIGINT, &old_int_, nullptr);
+        ::sigaction(SIGTERM, &old_term_, nullptr);
+    }
+    stop_signals(const stop_signals&) = delete;
+    stop_signals& operator=(const stop_signals&) = delete;
+
+private:
+    struct sigaction old_int_{};
+    struct sigaction old_term_{};
+};
 
 std::string with_commas(std::uint64_t n) {
     auto digits = std::to_string(n);
@@ -175,6 +201,9 @@ const option log_option{"log", "FILE", "an event log (JSON Lines or binary); rep
 const option format_option{"format", "jsonl|binary", "the logs' format (default: detected from each file)"};
 const option skip_bad_option{"skip-bad", "", "skip corrupt records of binary logs and count them"};
 const option batch_option{"batch", "N", "events per write transaction"};
+const option wait_option{"wait", "",
+                         "if another process writes the store, wait until it is done (Ctrl-C gives up) instead "
+                         "of refusing at once"};
 const option inbox_retention_option{"inbox-retention", "D",
                                     "prune inbox ids older than D of event time as the run goes (7d, 1h, 90m)"};
 const option lateness_option{"allowed-lateness", "D",
@@ -263,7 +292,24 @@ struct tool::impl {
         o.skip_bad = a.flag("skip-bad");
         o.batch = static_cast<std::size_t>(std::max<std::uint64_t>(1, a.number("batch", o.batch)));
         o.progress = [&bar](const log_progress& p) { bar.update(p); };
+        o.stop = &stop_requested;
+        o.store.wait_for_writer = writer_wait(a, db);
         retention_from(a, o.store);
+    }
+
+    /// With --wait, a lock_wait that says once on stderr who holds db and gives up on Ctrl-C;
+    /// without it, none (a store another process writes is refused at once).
+    lock_wait writer_wait(const arguments& a, const std::filesystem::path& db) const {
+        if (!a.flag("wait")) return {};
+        auto told = std::make_shared<bool>(false);
+        return [told, db, tool_name = name](const lock_holder& holder) {
+            if (!*told) {
+                std::fprintf(stderr, "%s: waiting for %s: it is being written by %s (Ctrl-C to give up)\n",
+                             tool_name.c_str(), db.c_str(), describe(holder).c_str());
+                *told = true;
+            }
+            return !stop_requested.load();
+        };
     }
 
     void add_builtin_commands();
@@ -278,8 +324,9 @@ void tool::impl::add_builtin_commands() {
         "build every projection from event logs into a fresh environment, then swap it in atomically",
         {db_option, log_option, format_option, skip_bad_option, batch_option,
          {"memory", "MB", "rows are aggregated in memory up to about this much, then written (default 1024)"},
-         inbox_retention_option, lateness_option},
+         wait_option, inbox_retention_option, lateness_option},
         [this](const arguments& a) {
+            stop_signals signals;
             rebuild_options o;
             progress_bar bar{"rebuild"};
             log_run_from(a, a.required("db"), o, bar);
@@ -298,7 +345,7 @@ void tool::impl::add_builtin_commands() {
          {"durability", "full|periodic|none", "fsync policy (default full: a commit is on disk before the next)"},
          {"journal-rows", "N",
           "changed rows are journaled and folded into the row table once N are journaled (default: automatic)"},
-         inbox_retention_option, lateness_option},
+         wait_option, inbox_retention_option, lateness_option},
         [this](const arguments& a) {
             consume_options o;
             progress_bar bar{"consume"};
@@ -307,26 +354,7 @@ void tool::impl::add_builtin_commands() {
             o.store.sync = parse_durability(a);
             o.store.journal_rows = static_cast<std::size_t>(a.number("journal-rows", 0));
             o.follow = a.flag("follow");
-            o.stop = &stop_requested;
-            // The first Ctrl-C or SIGTERM stops after the batch in hand (committed with its
-            // offset); a second one ends the process the default way. The caller's handlers are
-            // restored afterwards.
-            stop_requested.store(false);
-            struct sigaction sa{};
-            struct sigaction old_int{};
-            struct sigaction old_term{};
-            sa.sa_handler = on_stop_signal;
-            sa.sa_flags = static_cast<int>(SA_RESETHAND);
-            ::sigaction(SIGINT, &sa, &old_int);
-            ::sigaction(SIGTERM, &sa, &old_term);
-            struct restore {
-                struct sigaction& i;
-                struct sigaction& t;
-                ~restore() {
-                    ::sigaction(SIGINT, &i, nullptr);
-                    ::sigaction(SIGTERM, &t, nullptr);
-                }
-            } restore_handlers{old_int, old_term};
+            stop_signals signals;
             auto r = consume(o);
             bar.finish();
             return report_run("consumed into " + o.store.path.string(), r);
@@ -489,6 +517,7 @@ void tool::impl::add_builtin_commands() {
             require_environment(db);
             auto aside = db;
             aside += ".verify-" + std::to_string(::getpid());
+            remove_leftovers(db, ".verify-");  // of verifies that were killed
             std::filesystem::remove_all(aside);
             rebuild_options o;
             progress_bar bar{"verify"};
@@ -541,8 +570,9 @@ void tool::impl::add_builtin_commands() {
         {db_option,
          {"older-than", "D", "inbox ids stamped more than D before the consumer's event time (7d, 1h, 90m)"},
          lateness_option,
-         {"step", "N", "entries per transaction at most (default 10000)"}},
+         {"step", "N", "entries per transaction at most (default 10000)"}, wait_option},
         [this](const arguments& a) {
+            stop_signals signals;
             std::filesystem::path db = a.required("db");
             require_environment(db);
             auto o = store_for(db);
@@ -555,6 +585,7 @@ void tool::impl::add_builtin_commands() {
             }
             limits.max_rows = static_cast<std::size_t>(std::max<std::uint64_t>(1, a.number("step", limits.max_rows)));
             limits.max_time = std::chrono::milliseconds(200);
+            o.wait_for_writer = writer_wait(a, db);
             store st{o};
             setup()(st);
             std::uint64_t ids = 0, contributors = 0, steps = 0;
@@ -567,7 +598,7 @@ void tool::impl::add_builtin_commands() {
                 ++steps;
                 ids += r.ids;
                 contributors += r.contributors;
-                if (!r.more) break;
+                if (!r.more || stop_requested.load()) break;  // each step is committed: stopping loses nothing
             }
             std::string out = "{";
             append_kv(out, "ids", ids, false);

@@ -53,6 +53,7 @@ struct log_run_options {
     bool skip_bad = false;                         ///< skip corrupt records of binary logs (counted)
     std::optional<log_format> format{};            ///< expected format (default: detected from each file)
     std::function<void(const log_progress&)> progress{};  ///< called after every batch
+    const std::atomic<bool>* stop = nullptr;        ///< set to true to stop (consume commits what it read; a build fails)
 };
 
 /// What a run did.
@@ -78,10 +79,11 @@ std::filesystem::path normalized_dir(const std::filesystem::path& dir);
 std::string log_source(const std::filesystem::path& log);
 
 /// Rebuilds options.store.path from the logs: builds a fresh environment beside it
-/// ("<path>.rebuild"), syncs it once, and swaps it in with one atomic rename. A rebuild
-/// killed at any point leaves the target untouched; rerunning it starts over. Refuses a
-/// target that exists and is not an environment, and a second rebuild of the same target
-/// while one runs (an flock on "<path>.rebuild.lock", which stays beside it).
+/// ("<path>.rebuild"), syncs it once, and swaps the two directories with one atomic rename.
+/// A rebuild killed at any point leaves the target untouched; rerunning it starts over. Holds
+/// the target's writer lock throughout, so a store another process writes (a consumer, another
+/// rebuild) is refused with errc::store_locked (or waited for: store.wait_for_writer). Refuses
+/// a target that holds anything but a store's files (a rebuild replaces the whole directory).
 /// Throws std::system_error naming the file and the cause on an I/O or storage failure.
 log_run_result rebuild(const rebuild_options& options);
 
@@ -94,7 +96,6 @@ log_run_result build(const rebuild_options& options);
 struct consume_options : log_run_options {
     bool follow = false;                            ///< keep tailing the last log for appended records
     std::chrono::milliseconds poll{100};            ///< how often a followed log is checked for new records
-    const std::atomic<bool>* stop = nullptr;        ///< set to true to stop following (commits what it read)
 };
 
 /// Applies the logs to options.store.path, each batch with its log's byte offset as the

@@ -156,6 +156,9 @@ struct store_options {
     std::size_t max_event_bytes = std::size_t{1} << 20;  ///< larger envelopes are dead-lettered as too_large (0: no limit)
     std::size_t map_size = std::size_t{1} << 30;       ///< initial map size (address space; the file grows as written)
     std::size_t max_map_size = std::size_t{1} << 40;   ///< the map never grows past this (then: map_full)
+    /// The store takes its writer lock (one writer per store, across processes): empty refuses a
+    /// store another process writes (errc::store_locked), else it is called while waiting.
+    lock_wait wait_for_writer{};
     retention_options retention{};                     ///< inbox retention and the event-time horizon
     /// Rows a batch changed go to an append-only journal and are folded into the row table in
     /// key order later (see docs/DESIGN.md "Row journal"); the journal is frozen for folding once

@@ -21,6 +21,8 @@ enum class errc {
     panic,                   ///< LMDB reported MDB_PANIC; the environment must be reopened
     corrupt_log,             ///< an event log holds a corrupt record with valid data after it
     torn_record,             ///< an event log ends in an incomplete record (a crash mid-append)
+    store_locked,            ///< another process holds the store's writer lock
+    store_damaged,           ///< the environment's files are damaged (truncated, bad meta pages)
 };
 
 /// Returns the category of idem's own error codes ("idem").

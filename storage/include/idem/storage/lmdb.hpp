@@ -6,6 +6,7 @@
 // the transaction that produced them ends. Never store one.
 
 #include <idem/storage/error.hpp>
+#include <idem/storage/writer_lock.hpp>
 
 #include <lmdb.h>
 
@@ -42,6 +43,10 @@ struct environment_options {
     unsigned max_readers = 512;                    ///< concurrent read transactions (all processes)
     bool read_only = false;                        ///< open with MDB_RDONLY (another process writes)
     durability sync = durability::full;            ///< fsync policy for commits
+    /// A writable open takes the store's writer lock (one writer per store, across processes).
+    /// Empty: a lock held by another process is refused at once (errc::store_locked naming the
+    /// holder); otherwise called while it is held, and returning false gives up.
+    lock_wait wait_for_writer{};
 };
 
 class read_txn;
@@ -56,7 +61,9 @@ class write_txn;
 class environment {
 public:
     /// Opens (or returns the already open) environment at path; creates the directory when writable.
-    /// Throws std::system_error naming the path on failure.
+    /// A writable open holds the store's writer lock until the environment is destroyed, and
+    /// creates a new data file atomically; every open checks an existing data file against its
+    /// meta pages first (errc::store_damaged). Throws std::system_error naming the path on failure.
     static std::shared_ptr<environment> open(const std::filesystem::path& path,
                                              const environment_options& options = {});
 
@@ -115,6 +122,7 @@ private:
 
     std::filesystem::path path_;
     environment_options options_;
+    std::optional<writer_lock> writer_lock_;  // held by a writable environment for its lifetime
     MDB_env* env_ = nullptr;
     std::size_t max_key_size_ = 511;
     std::shared_mutex gate_;  // shared by every live transaction; exclusive to resize the map
