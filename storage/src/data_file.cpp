@@ -1,5 +1,6 @@
 #include "data_file.hpp"
 
+#include <idem/storage/crash_point.hpp>
 #include <idem/storage/error.hpp>
 
 #include <lmdb.h>
@@ -171,6 +172,7 @@ void create_data_file(const std::filesystem::path& dir) {
         mdb_env_close(env);
         if (rc != 0) throw_lmdb(rc, "cannot create the store's data file in " + aside.string());
         fsync_path(aside / "data.mdb", O_RDONLY);
+        crash_point("during_create");
         std::filesystem::rename(aside / "data.mdb", file);
         std::filesystem::remove_all(aside);
         fsync_path(dir, O_RDONLY | O_DIRECTORY);

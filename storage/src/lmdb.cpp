@@ -4,6 +4,7 @@
 
 #include "data_file.hpp"
 
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -29,6 +30,16 @@ registry& environments() {
 }
 
 std::string describe(const std::filesystem::path& path) { return "LMDB environment '" + path.string() + "'"; }
+
+// LMDB reports a short write as EIO ("filesystem full?"), which is what a full disk gives a
+// write of several pages. Name the cause when the file system is indeed (nearly) full.
+int with_cause(int rc, const std::filesystem::path& dir) {
+    if (rc != EIO) return rc;
+    struct statvfs fs{};
+    if (::statvfs(dir.c_str(), &fs) != 0) return rc;
+    const auto free_bytes = static_cast<std::uint64_t>(fs.f_bavail) * fs.f_frsize;
+    return free_bytes < (std::uint64_t{1} << 20) ? ENOSPC : rc;
+}
 
 }  // namespace
 
@@ -304,7 +315,7 @@ std::size_t environment::map_size() const {
 
 void environment::sync(bool force) {
     if (int rc = mdb_env_sync(env_, force ? 1 : 0); rc != 0) {
-        throw_lmdb(rc, "cannot sync " + describe(path_));
+        throw_lmdb(with_cause(rc, path_), "cannot sync " + describe(path_));
     }
 }
 
@@ -474,7 +485,7 @@ void write_txn::commit() {
     int rc = mdb_txn_commit(txn);
     release_gate();
     if (rc != 0) {
-        throw_lmdb(rc, "cannot commit to " + describe(env_->path()));
+        throw_lmdb(with_cause(rc, env_->path()), "cannot commit to " + describe(env_->path()));
     }
 }
 

@@ -1,5 +1,6 @@
 #include <idem/storage/writer_lock.hpp>
 
+#include <idem/storage/crash_point.hpp>
 #include <idem/storage/error.hpp>
 
 #include <fcntl.h>
@@ -81,6 +82,7 @@ writer_lock::writer_lock(const std::filesystem::path& dir, const lock_wait& wait
     if (::ftruncate(fd_, 0) == 0) {
         [[maybe_unused]] auto n = ::pwrite(fd_, text.data(), text.size(), 0);
     }
+    crash_point("after_lock");
 }
 
 writer_lock::~writer_lock() {

@@ -41,7 +41,7 @@ OUTCOMES = ["applied", "duplicate_message", "duplicate_event", "parked", "dead_l
 # The points as crash_point.hpp lists them when this was written; --points-from adds any
 # the header lists later. A point no run reaches is reported as not hit, not as a failure.
 POINTS = ["after_decode", "mid_batch", "before_commit", "after_commit", "during_prune", "during_map_resize",
-          "during_swap", "after_swap"]
+          "during_swap", "after_swap", "after_lock", "during_create"]
 # These are on every batch's path: a run that never reaches one has lost its instrumentation.
 CORE_POINTS = ["after_decode", "mid_batch", "before_commit", "after_commit"]
 
@@ -243,8 +243,8 @@ class log_file:
 
 def torn_creation(db):
     """Whether a kill while the environment was being created left a data.mdb shorter than
-    LMDB's two meta pages: LMDB writes both with one pwrite, which SIGKILL can cut at a page
-    boundary, and idem cannot open the directory again (README.md, "Known deviations")."""
+    LMDB's two meta pages. idem makes a new data file aside and renames it in once complete,
+    so this must never be seen: an existing data.mdb that short is refused as damaged."""
     f = os.path.join(db, "data.mdb")
     return os.path.exists(f) and 0 < os.path.getsize(f) < 2 * os.sysconf("SC_PAGE_SIZE")
 
@@ -486,12 +486,9 @@ class driver:
         for delay in delays:
             rc, err = kill_at_random(args, delay.next())
             what = f"after {command_text(args)} killed from outside after {delay.last:.3f} s (seed {self.opts.seed})"
-            if rc == -signal.SIGKILL and blank and torn_creation(db):
-                # Killed while LMDB wrote the new environment's meta pages: nothing was committed,
-                # and the next writer starts the environment again (the loop reruns it).
-                self.tally.kill(mode, "random")
-                delay.killed()
-            elif rc == -signal.SIGKILL:
+            if torn_creation(db):
+                raise divergence(f"{what}: a data.mdb shorter than its two meta pages was left behind")
+            if rc == -signal.SIGKILL:
                 empty, text = empty_environment(db) if blank else (False, "")
                 if empty:
                     self.tally.known("empty environment", f"{what}: {text}")
@@ -611,13 +608,9 @@ class driver:
             fresh = not os.path.exists(db)
             rc, err = kill_at_random(args, delay.next())
             what = f"after {command_text(args)} killed from outside after {delay.last:.3f} s (log seed {log.seed})"
-            if rc == -signal.SIGKILL and fresh and torn_creation(db):
-                if os.path.exists(acks) and os.path.getsize(acks):
-                    raise divergence(f"{what}: acknowledgements, but the environment was never completely created")
-                # Nothing was committed; the next run starts the environment again.
-                self.tally.kill("engine", "random")
-                delay.killed()
-            elif rc == -signal.SIGKILL:
+            if torn_creation(db):
+                raise divergence(f"{what}: a data.mdb shorter than its two meta pages was left behind")
+            if rc == -signal.SIGKILL:
                 self.tally.kill("engine", "random")
                 delay.killed()
             elif rc == 0:

@@ -7,7 +7,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <string>
+#include <vector>
 
 using idem::test::temp_dir;
 
@@ -206,6 +210,54 @@ TEST_CASE("writing through a read-only environment is refused") {
     } catch (const std::system_error& e) {
         CHECK(e.code() == idem::errc::read_only);
     }
+}
+
+TEST_CASE("a new data file appears complete, and leftovers of killed creations are removed") {
+    temp_dir dir;
+    const auto db = dir / "db";
+    std::filesystem::create_directories(db / ".create-99999");
+    std::ofstream{db / ".create-99999" / "data.mdb"} << "half";
+    {
+        auto env = idem::environment::open(db, {.sync = idem::durability::none});
+        CHECK(std::filesystem::file_size(db / "data.mdb") >= 2 * static_cast<std::uintmax_t>(::sysconf(_SC_PAGESIZE)));
+    }
+    std::vector<std::string> names;
+    for (const auto& e : std::filesystem::directory_iterator(db)) names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    CHECK(names == std::vector<std::string>{"data.mdb", "idem.lock", "lock.mdb"});
+}
+
+TEST_CASE("a data file cut short or emptied is refused as damaged and left as it is") {
+    temp_dir dir;
+    const auto db = dir / "db";
+    {
+        auto env = idem::environment::open(db, {.sync = idem::durability::none});
+        auto t = env->table("t");
+        idem::write_txn w{*env};
+        for (int i = 0; i < 3000; ++i) w.put(t, "key-" + std::to_string(i), std::string(200, 'v'));
+        w.commit();
+    }
+    const auto size = std::filesystem::file_size(db / "data.mdb");
+    const auto page = static_cast<std::uintmax_t>(::sysconf(_SC_PAGESIZE));
+    for (auto cut : {std::uintmax_t{0}, page, 2 * page, size / 2, size - page}) {
+        CAPTURE(cut);
+        std::filesystem::copy_file(db / "data.mdb", dir / "keep", std::filesystem::copy_options::overwrite_existing);
+        std::filesystem::resize_file(db / "data.mdb", cut);
+        for (bool read_only : {false, true}) {
+            CAPTURE(read_only);
+            try {
+                auto env = idem::environment::open(db, {.read_only = read_only});
+                FAIL("opened a data file cut to " << cut << " bytes");
+            } catch (const std::system_error& e) {
+                CHECK(e.code() == idem::errc::store_damaged);
+                CHECK(std::string(e.what()).find((db / "data.mdb").string()) != std::string::npos);
+            }
+            CHECK(std::filesystem::file_size(db / "data.mdb") == cut);
+        }
+        std::filesystem::rename(dir / "keep", db / "data.mdb");
+    }
+    auto env = idem::environment::open(db, {.read_only = true});
+    idem::read_txn r{*env};
 }
 
 }  // TEST_SUITE

@@ -17,6 +17,8 @@
 //   during_map_resize  the map is being grown (before mdb_env_set_mapsize)
 //   during_swap        a rebuild is complete beside its target, about to be swapped in
 //   after_swap         the rebuild was swapped in, the previous environment not yet removed
+//   after_lock         a writer holds the store's lock and has not opened the data file yet
+//   during_create      a new data file is complete beside the store, not yet renamed in
 
 #include <string_view>
 
