@@ -344,6 +344,21 @@ class full_disk_test(operations_case):
         self.assertIn("No space left on device", p.stderr)
         self.assertEqual(sorted(n for n in os.listdir(small) if n != "filler"), ["db"])
 
+    def test_a_read_only_file_system_is_named_and_readers_still_read(self):
+        expected = self.gen(self.path("fills.jsonl"), events=1000, aggregates=100)
+        disk = self.tmpfs("disk", "32m")
+        db = os.path.join(disk, "db")
+        run("consume", "--db", db, "--log", self.path("fills.jsonl"))
+        if subprocess.run(["mount", "-o", "remount,ro", disk], capture_output=True).returncode != 0:
+            self.skipTest("cannot remount the tmpfs read-only")
+        for args in (["consume", "--db", db, "--log", self.path("fills.jsonl")],
+                     ["prune", "--db", db, "--older-than", "1d"],
+                     ["rebuild", "--db", os.path.join(disk, "other"), "--log", self.path("fills.jsonl")]):
+            p = run(*args, check=False)
+            self.assert_clean_exit(p, 2)
+            self.assertIn("Read-only file system", p.stderr)
+        self.assert_rows_match(db, expected)
+
 
 if __name__ == "__main__":
     IDEM = os.path.abspath(sys.argv.pop(1))
