@@ -541,7 +541,20 @@ private:
 /// damaged, at the first size where a valid meta page is.
 std::pair<meta_view, meta_view> read_metas(const file& f) {
     auto m0 = read_meta(f, 0, 0);
-    if (m0.bad.empty()) return {m0, read_meta(f, 1, m0.page_size)};
+    if (m0.bad.empty()) {
+        auto m1 = read_meta(f, 1, m0.page_size);
+        if (m1.bad.empty()) return {m0, m1};
+        // Meta page 1 where another page size puts it: meta page 0's size is the damaged one.
+        for (std::uint64_t size : {4096u, 8192u, 16384u, 32768u, 512u, 1024u, 2048u}) {
+            if (size == m0.page_size) continue;
+            auto other = read_meta(f, 1, size);
+            if (other.bad.empty()) {
+                m0.bad = "page size " + num(m0.page_size) + ", but meta page 1 is found " + num(size) + " bytes in";
+                return {m0, other};
+            }
+        }
+        return {m0, m1};
+    }
     meta_view m1;
     m1.bad = "cannot be found (meta page 0 is damaged and no page size finds it)";
     for (std::uint64_t size : {4096u, 8192u, 16384u, 32768u, 512u, 1024u, 2048u}) {
