@@ -1,5 +1,7 @@
 #include <idem/cli/tool.hpp>
 
+#include "map_fault.hpp"
+
 #include <idem/engine/offline.hpp>
 #include <idem/storage/duration.hpp>
 #include <idem/storage/error.hpp>
@@ -817,6 +819,7 @@ int tool::run(int argc, char** argv) {
 
 int tool::run(const std::vector<std::string>& args) {
     auto& s = *impl_;
+    detail::map_fault_guard fault_guard;  // a fault inside a damaged map is reported, not silent
     if (args.empty()) return s.usage(stderr);
     if (args[0] == "--help" || args[0] == "-h" || args[0] == "help") return s.usage(stdout);
     auto it = std::find_if(s.commands.begin(), s.commands.end(), [&](const command& c) { return c.name == args[0]; });
@@ -833,6 +836,7 @@ int tool::run(const std::vector<std::string>& args) {
     }
     try {
         arguments parsed{c.name, c.options, rest};
+        if (auto db = parsed.get("db")) detail::note_store(s.name, *db);
         return c.run(parsed);
     } catch (const usage_error& e) {
         std::fprintf(stderr, "%s %s: %s\n", s.name.c_str(), c.name.c_str(), e.what());
