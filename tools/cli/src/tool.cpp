@@ -1,6 +1,7 @@
 #include <idem/cli/tool.hpp>
 
 #include "map_fault.hpp"
+#include "store_check.hpp"
 
 #include <idem/engine/offline.hpp>
 #include <idem/storage/duration.hpp>
@@ -484,11 +485,17 @@ void tool::impl::add_builtin_commands() {
     commands.push_back(command{
         "verify",
         "rebuild aside from the logs and compare every projection with DIR; exit 1 naming the first different row",
-        {db_option, log_option, format_option, skip_bad_option, batch_option, inbox_retention_option,
-         lateness_option},
+        {db_option, {log_option.name, log_option.value, log_option.help + " (not with --store)", false, true},
+         format_option, skip_bad_option, batch_option, inbox_retention_option, lateness_option,
+         {"store", "", "instead, check DIR's pages and records for damage; exit 2 naming the first problems"}},
         [this](const arguments& a) {
             const auto db = normalized_dir(a.required("db"));
             require_environment(db);
+            if (a.flag("store")) {
+                if (!a.all("log").empty()) throw usage_error("option '--store' checks DIR alone: give no --log");
+                return detail::verify_store(name, db, consumer, projections);
+            }
+            if (a.all("log").empty()) throw usage_error("missing option '--log FILE'");
             auto aside = db;
             aside += ".verify-" + std::to_string(::getpid());
             std::filesystem::remove_all(aside);
