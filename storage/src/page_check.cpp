@@ -604,9 +604,11 @@ environment_report check_environment(const std::filesystem::path& path, std::siz
         r = check_once(data, max_problems, changed);
         if (!changed) return r;
     }
+    // What the last walk found may be pages a commit reused under it: say so first.
     ++r.problem_count;
-    r.problems.push_back({std::nullopt, "",
-                          "the file changed during three checks in a row: a writer is committing; stop it and check again"});
+    r.problems.insert(r.problems.begin(), page_problem{std::nullopt, "",
+                                                       "the file changed during three checks in a row: a writer is "
+                                                       "committing; stop it and check again"});
     return r;
 }
 
