@@ -704,9 +704,10 @@ class store_check_test(cli_case):
         p = run("verify", "--store", "--db", db, "--log", self.path("a.jsonl"), check=False)
         self.assertEqual(p.returncode, 1)
         self.assertIn("idem verify: option '--store' checks DIR alone: give no --log", p.stderr)
-        p = run("verify", "--db", db, check=False)
-        self.assertEqual(p.returncode, 1)
-        self.assertIn("idem verify: missing option '--log FILE'", p.stderr)
+        for where in (db, self.path("nowhere")):
+            p = run("verify", "--db", where, check=False)
+            self.assertEqual(p.returncode, 1)
+            self.assertIn("idem verify: missing option '--log FILE'", p.stderr)
         p = run("verify", "--store", "--db", self.path("nowhere"), check=False)
         self.assertEqual(p.returncode, 2)
         self.assertIn("no idem environment here", p.stderr)

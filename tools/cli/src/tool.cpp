@@ -489,13 +489,13 @@ void tool::impl::add_builtin_commands() {
          format_option, skip_bad_option, batch_option, inbox_retention_option, lateness_option,
          {"store", "", "instead, check DIR's pages and records for damage; exit 2 naming the first problems"}},
         [this](const arguments& a) {
+            if (a.flag("store") && !a.all("log").empty()) {
+                throw usage_error("option '--store' checks DIR alone: give no --log");
+            }
+            if (!a.flag("store") && a.all("log").empty()) throw usage_error("missing option '--log FILE'");
             const auto db = normalized_dir(a.required("db"));
             require_environment(db);
-            if (a.flag("store")) {
-                if (!a.all("log").empty()) throw usage_error("option '--store' checks DIR alone: give no --log");
-                return detail::verify_store(name, db, consumer, projections);
-            }
-            if (a.all("log").empty()) throw usage_error("missing option '--log FILE'");
+            if (a.flag("store")) return detail::verify_store(name, db, consumer, projections);
             auto aside = db;
             aside += ".verify-" + std::to_string(::getpid());
             std::filesystem::remove_all(aside);
