@@ -697,6 +697,19 @@ class store_check_test(cli_case):
             p = self.assert_reported(cut, args)
             self.assertIn(cut, p.stderr)
 
+    def test_a_store_written_through_the_live_path_and_pruned_checks_sound(self):
+        # Many small commits, journal folds, deletions and reused free pages: none is damage.
+        self.gen("a.jsonl", domain="game", events=6000, aggregates=200, seed=9)
+        self.gen("b.jsonl", domain="trading", events=3000, aggregates=100, seed=4)
+        db = self.path("db")
+        run("consume", "--db", db, "--log", self.path("a.jsonl"), "--batch", "50", "--durability", "none",
+            "--journal-rows", "300")
+        run("prune", "--db", db, "--older-than", "1m", "--allowed-lateness", "1m")
+        run("consume", "--db", db, "--log", self.path("b.jsonl"), "--batch", "20", "--durability", "none")
+        report = json.loads(run("verify", "--store", "--db", db).stdout)
+        self.assertEqual(report["store"], "ok")
+        self.assertGreater(report["free_pages"], 0)
+
     def test_verify_store_takes_no_logs_and_verify_without_it_needs_them(self):
         self.gen("a.jsonl", events=50)
         db = self.path("db")
