@@ -10,6 +10,7 @@ import random
 import re
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -32,6 +33,24 @@ def run(*args, check=True, timeout=300, **kw):
 def read_bytes(path):
     with open(path, "rb") as f:
         return f.read()
+
+
+def lmdb_table(data, name):
+    """Returns (root page, depth, page size) of a named table in an LMDB data file (LMDB 0.9,
+    64-bit page numbers: mdb.c's MDB_page, MDB_node, MDB_meta, MDB_db), read independently of idem."""
+    u16 = lambda o: struct.unpack_from("<H", data, o)[0]
+    u64 = lambda o: struct.unpack_from("<Q", data, o)[0]
+    psize = struct.unpack_from("<I", data, 16 + 24)[0]
+    meta = 0 if u64(16 + 128) >= u64(psize + 16 + 128) else 1
+    page = u64(meta * psize + 16 + 24 + 48 + 40) * psize
+    assert u16(page + 10) & 0x02, "the main table's root is not a leaf"
+    for i in range((u16(page + 12) - 16) // 2):
+        node = page + u16(page + 16 + 2 * i)
+        ksize = u16(node + 6)
+        if data[node + 8:node + 8 + ksize] == name.encode():
+            record = node + 8 + ksize
+            return u64(record + 40), u16(record + 6), psize
+    raise KeyError(name)
 
 
 def jsonl(text):
@@ -590,6 +609,122 @@ class bad_input_test(cli_case):
         self.assertEqual(p.returncode, 1)
         self.assertEqual(p.stderr, "idem get: projection 'positions' has no row 'nobody'\n")
         self.assertEqual(p.stdout, "")
+
+
+class store_check_test(cli_case):
+    """verify --store on sound and damaged environments; read commands on damaged ones."""
+
+    def damaged_copy(self, db, name, damage):
+        """Copies db's data.mdb into a new environment directory with damage(bytearray) applied."""
+        out = self.path(name)
+        os.makedirs(out)
+        data = bytearray(read_bytes(os.path.join(db, "data.mdb")))
+        data = damage(data)
+        with open(os.path.join(out, "data.mdb"), "wb") as f:
+            f.write(data)
+        return out
+
+    def assert_reported(self, db, args):
+        """A read command on a damaged store exits 2 with a message, never by a signal."""
+        p = run(*args, "--db", db, check=False)
+        self.assertGreaterEqual(p.returncode, 0, f"{args} died by signal {-p.returncode}")
+        self.assertEqual(p.returncode, 2, (args, p.stderr))
+        self.assertTrue(p.stderr.startswith("idem"), p.stderr)
+        return p
+
+    def test_verify_store_passes_a_sound_store_and_names_the_damaged_page(self):
+        self.gen("a.jsonl", events=4000, aggregates=300)
+        db = self.path("db")
+        run("rebuild", "--db", db, "--log", self.path("a.jsonl"))
+        p = run("verify", "--store", "--db", db)
+        report = json.loads(p.stdout)
+        self.assertEqual(report["store"], "ok")
+        self.assertEqual(report["problems"], [])
+        self.assertTrue(report["records"]["checked"])
+        self.assertGreater(report["records"]["rows"], 0)
+        self.assertIn("proj/positions", [t["name"] for t in report["tables"]])
+        self.assertIn("the store is sound", p.stderr)
+
+        root, depth, psize = lmdb_table(read_bytes(os.path.join(db, "data.mdb")), "proj/positions")
+        self.assertGreaterEqual(depth, 2)
+
+        def child_out_of_range(data):
+            node = root * psize + struct.unpack_from("<H", data, root * psize + 16 + 2)[0]
+            struct.pack_into("<HH", data, node, 0xffff, 0x7fff)  # node 1's child: far past the file
+            return data
+
+        bad = self.damaged_copy(db, "bad-child", child_out_of_range)
+        p = run("verify", "--store", "--db", bad, check=False)
+        self.assertEqual(p.returncode, 2, p.stderr)
+        report = json.loads(p.stdout)
+        self.assertEqual(report["store"], "damaged")
+        self.assertEqual(report["problems"][0]["page"], root)
+        self.assertEqual(report["problems"][0]["table"], "proj/positions")
+        self.assertIn("outside the file", report["problems"][0]["what"])
+        self.assertIn(f"idem verify: {bad} is damaged", p.stderr)
+        self.assertIn(f"page {root} (table proj/positions)", p.stderr)
+        self.assertIn("restore it from a backup, or rebuild it from its logs", p.stderr)
+        self.assert_reported(bad, ["stats"])
+        self.assert_reported(bad, ["dump", "--projection", "positions"])
+
+        def leaf_key_size(data):
+            page = root * psize
+            while struct.unpack_from("<H", data, page + 10)[0] & 0x01:  # down the first children to a leaf
+                node = page + struct.unpack_from("<H", data, page + 16)[0]
+                lo, hi = struct.unpack_from("<HH", data, node)
+                page = (lo | hi << 16) * psize
+            node = page + struct.unpack_from("<H", data, page + 16 + 2)[0]
+            struct.pack_into("<H", data, node + 6, 0xfff0)
+            self.leaf = page // psize
+            return data
+
+        bad = self.damaged_copy(db, "bad-leaf", leaf_key_size)
+        p = run("verify", "--store", "--db", bad, check=False)
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertEqual(json.loads(p.stdout)["problems"][0]["page"], self.leaf)
+        for args in (["stats"], ["dump", "--projection", "positions"]):
+            p = run(*args, "--db", bad, check=False)
+            self.assertGreaterEqual(p.returncode, 0, f"{args} died by signal {-p.returncode}")
+
+    def test_a_truncated_store_is_reported_not_crashed_on(self):
+        self.gen("a.jsonl", events=4000, aggregates=300)
+        db = self.path("db")
+        run("rebuild", "--db", db, "--log", self.path("a.jsonl"))
+        cut = self.damaged_copy(db, "cut", lambda data: data[:len(data) // 2])
+        p = run("verify", "--store", "--db", cut, check=False)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("truncated", p.stderr)
+        for args in (["stats"], ["dump", "--projection", "positions"]):
+            p = self.assert_reported(cut, args)
+            self.assertIn(cut, p.stderr)
+
+    def test_a_store_written_through_the_live_path_and_pruned_checks_sound(self):
+        # Many small commits, journal folds, deletions and reused free pages: none is damage.
+        self.gen("a.jsonl", domain="game", events=6000, aggregates=200, seed=9)
+        self.gen("b.jsonl", domain="trading", events=3000, aggregates=100, seed=4)
+        db = self.path("db")
+        run("consume", "--db", db, "--log", self.path("a.jsonl"), "--batch", "50", "--durability", "none",
+            "--journal-rows", "300")
+        run("prune", "--db", db, "--older-than", "1m", "--allowed-lateness", "1m")
+        run("consume", "--db", db, "--log", self.path("b.jsonl"), "--batch", "20", "--durability", "none")
+        report = json.loads(run("verify", "--store", "--db", db).stdout)
+        self.assertEqual(report["store"], "ok")
+        self.assertGreater(report["free_pages"], 0)
+
+    def test_verify_store_takes_no_logs_and_verify_without_it_needs_them(self):
+        self.gen("a.jsonl", events=50)
+        db = self.path("db")
+        run("rebuild", "--db", db, "--log", self.path("a.jsonl"))
+        p = run("verify", "--store", "--db", db, "--log", self.path("a.jsonl"), check=False)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn("idem verify: option '--store' checks DIR alone: give no --log", p.stderr)
+        for where in (db, self.path("nowhere")):
+            p = run("verify", "--db", where, check=False)
+            self.assertEqual(p.returncode, 1)
+            self.assertIn("idem verify: missing option '--log FILE'", p.stderr)
+        p = run("verify", "--store", "--db", self.path("nowhere"), check=False)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("no idem environment here", p.stderr)
 
 if __name__ == "__main__":
     IDEM = os.path.abspath(sys.argv.pop(1))

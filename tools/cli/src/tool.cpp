@@ -1,5 +1,8 @@
 #include <idem/cli/tool.hpp>
 
+#include "map_fault.hpp"
+#include "store_check.hpp"
+
 #include <idem/engine/offline.hpp>
 #include <idem/storage/duration.hpp>
 #include <idem/storage/error.hpp>
@@ -510,11 +513,17 @@ void tool::impl::add_builtin_commands() {
     commands.push_back(command{
         "verify",
         "rebuild aside from the logs and compare every projection with DIR; exit 1 naming the first different row",
-        {db_option, log_option, format_option, skip_bad_option, batch_option, inbox_retention_option,
-         lateness_option},
+        {db_option, {log_option.name, log_option.value, log_option.help + " (not with --store)", false, true},
+         format_option, skip_bad_option, batch_option, inbox_retention_option, lateness_option,
+         {"store", "", "instead, check DIR's pages and records for damage; exit 2 naming the first problems"}},
         [this](const arguments& a) {
+            if (a.flag("store") && !a.all("log").empty()) {
+                throw usage_error("option '--store' checks DIR alone: give no --log");
+            }
+            if (!a.flag("store") && a.all("log").empty()) throw usage_error("missing option '--log FILE'");
             const auto db = normalized_dir(a.required("db"));
             require_environment(db);
+            if (a.flag("store")) return detail::verify_store(name, db, consumer, projections);
             auto aside = db;
             aside += ".verify-" + std::to_string(::getpid());
             remove_leftovers(db, ".verify-");  // of verifies that were killed
@@ -848,6 +857,7 @@ int tool::run(int argc, char** argv) {
 
 int tool::run(const std::vector<std::string>& args) {
     auto& s = *impl_;
+    detail::map_fault_guard fault_guard;  // a fault inside a damaged map is reported, not silent
     if (args.empty()) return s.usage(stderr);
     if (args[0] == "--help" || args[0] == "-h" || args[0] == "help") return s.usage(stdout);
     auto it = std::find_if(s.commands.begin(), s.commands.end(), [&](const command& c) { return c.name == args[0]; });
@@ -864,6 +874,7 @@ int tool::run(const std::vector<std::string>& args) {
     }
     try {
         arguments parsed{c.name, c.options, rest};
+        if (auto db = parsed.get("db")) detail::note_store(s.name, *db);
         return c.run(parsed);
     } catch (const usage_error& e) {
         std::fprintf(stderr, "%s %s: %s\n", s.name.c_str(), c.name.c_str(), e.what());

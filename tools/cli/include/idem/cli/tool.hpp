@@ -11,7 +11,8 @@
 // gives rebuild, consume, get, dump, stats, deadletters, verify and convert over those
 // projections. Exit status: 0 success (dead-lettered input is counted, not an error),
 // 1 usage error (or a row that does not exist, or verify found a difference),
-// 2 I/O or storage failure; messages name the file and the cause.
+// 2 I/O or storage failure, or a damaged store (verify --store; a read that faults inside
+// a damaged map is reported, not left to kill the process); messages name the file and the cause.
 
 #include <idem/projections/projection.hpp>
 #include <idem/projections/store.hpp>

@@ -1,0 +1,150 @@
+#include "store_check.hpp"
+
+#include <idem/cli/tool.hpp>
+#include <idem/projections/store.hpp>
+#include <idem/storage/envelope.hpp>
+#include <idem/storage/error.hpp>
+#include <idem/storage/page_check.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <functional>
+
+namespace idem::cli::detail {
+
+namespace {
+
+struct record_counts {
+    bool checked = false;
+    std::uint64_t rows = 0;
+    std::uint64_t dead_letters = 0;
+    std::uint64_t checkpoints = 0;
+};
+
+constexpr std::size_t max_problems = 100;
+
+void note(environment_report& r, const std::string& table, std::string what) {
+    ++r.problem_count;
+    if (r.problems.size() < max_problems) r.problems.push_back({std::nullopt, table, std::move(what)});
+}
+
+/// Runs one reader; an exception is a problem of its table (a missing table is not).
+void read_part(environment_report& r, const std::string& table, const std::function<void()>& fn) {
+    try {
+        fn();
+    } catch (const std::system_error& e) {
+        if (e.code() != errc::unknown_projection) note(r, table, std::string("cannot be read: ") + e.what());
+    } catch (const std::exception& e) {
+        note(r, table, std::string("cannot be read: ") + e.what());
+    }
+}
+
+record_counts read_records(environment_report& r, const std::filesystem::path& db, const std::string& consumer,
+                           const std::vector<std::shared_ptr<const projection_base>>& projections) {
+    record_counts n;
+    std::optional<snapshot> snap;
+    read_part(r, "", [&] { snap.emplace(snapshot::open(db)); });
+    if (!snap) return n;
+    n.checked = true;
+    for (const auto& p : projections) {
+        const auto table = "proj/" + p->name();
+        read_part(r, table, [&] {
+            snap->scan_raw(p->name(), [&](const snapshot::raw_row_view& row) {
+                ++n.rows;
+                try {
+                    p->load(row.state, row.state_version);
+                } catch (const std::exception& e) {
+                    note(r, table, "row '" + std::string(row.key) + "' does not decode: " + e.what());
+                }
+            });
+        });
+        read_part(r, "contrib/" + p->name(), [&] {
+            snap->scan_contributors(p->name(), std::string_view("\0", 1), [](std::string_view) {});
+            snap->contributor_floor(p->name());
+        });
+    }
+    read_part(r, "deadletter/" + consumer, [&] { n.dead_letters = snap->dead_letters(consumer).size(); });
+    read_part(r, "checkpoint/" + consumer, [&] { n.checkpoints = snap->checkpoints(consumer).size(); });
+    read_part(r, "meta", [&] {
+        snap->commit();
+        snap->stats(consumer);
+        snap->retention(consumer);
+    });
+    // Lookups of an id no record holds walk every record of the inbox and the parked events.
+    read_part(r, "inbox/" + consumer, [&] { snap->inbox_lookup(consumer, std::string_view("\0", 1)); });
+    read_part(r, "parked/" + consumer, [&] { snap->parked_lookup(consumer, std::string_view("\0", 1)); });
+    return n;
+}
+
+std::string problem_text(const page_problem& p) {
+    std::string out;
+    if (p.page) out += "page " + std::to_string(*p.page);
+    if (!p.table.empty()) out += (out.empty() ? "table " : " (table ") + p.table + (out.empty() ? "" : ")");
+    return (out.empty() ? "" : out + ": ") + p.what;
+}
+
+}  // namespace
+
+int verify_store(const std::string& tool, const std::filesystem::path& db, const std::string& consumer,
+                 const std::vector<std::shared_ptr<const projection_base>>& projections) {
+    const auto started = std::chrono::steady_clock::now();
+    auto r = check_environment(db);
+    record_counts records;
+    if (r.sound()) records = read_records(r, db, consumer, projections);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+
+    std::string out = "{\"store\":";
+    out += r.sound() ? "\"ok\"" : "\"damaged\"";
+    out += ",\"db\":";
+    append_json_string(out, db.string());
+    out += ",\"page_size\":" + std::to_string(r.page_size) + ",\"pages\":" + std::to_string(r.pages) +
+           ",\"file_pages\":" + std::to_string(r.file_pages) + ",\"free_pages\":" + std::to_string(r.free_pages) +
+           ",\"transaction\":" + std::to_string(r.transaction);
+    char secs[32];
+    std::snprintf(secs, sizeof secs, "%.3f", seconds);
+    out += ",\"seconds\":" + std::string(secs) + ",\"tables\":[";
+    for (std::size_t i = 0; i < r.tables.size(); ++i) {
+        const auto& t = r.tables[i];
+        out += i == 0 ? "{\"name\":" : ",{\"name\":";
+        append_json_string(out, t.name);
+        out += ",\"entries\":" + std::to_string(t.entries) + ",\"depth\":" + std::to_string(t.depth) +
+               ",\"branch_pages\":" + std::to_string(t.branch_pages) + ",\"leaf_pages\":" +
+               std::to_string(t.leaf_pages) + ",\"overflow_pages\":" + std::to_string(t.overflow_pages) + "}";
+    }
+    out += "],\"records\":{\"checked\":";
+    out += records.checked ? "true" : "false";
+    out += ",\"rows\":" + std::to_string(records.rows) + ",\"dead_letters\":" + std::to_string(records.dead_letters) +
+           ",\"checkpoints\":" + std::to_string(records.checkpoints) + "}";
+    out += ",\"problem_count\":" + std::to_string(r.problem_count) + ",\"problems\":[";
+    for (std::size_t i = 0; i < r.problems.size(); ++i) {
+        const auto& p = r.problems[i];
+        out += i == 0 ? "{\"page\":" : ",{\"page\":";
+        out += p.page ? std::to_string(*p.page) : "null";
+        out += ",\"table\":";
+        append_json_string(out, p.table);
+        out += ",\"what\":";
+        append_json_string(out, p.what);
+        out += "}";
+    }
+    out += "]}\n";
+    output o;
+    o.write(out);
+    o.flush();
+
+    if (r.sound()) {
+        std::fprintf(stderr, "%s verify: %s: the store is sound (%llu pages, %zu tables; %llu rows and %llu dead letters decoded) in %s s\n",
+                     tool.c_str(), db.c_str(), static_cast<unsigned long long>(r.pages), r.tables.size(),
+                     static_cast<unsigned long long>(records.rows), static_cast<unsigned long long>(records.dead_letters), secs);
+        return 0;
+    }
+    std::string first;
+    for (std::size_t i = 0; i < r.problems.size() && i < 3; ++i) first += (i == 0 ? "" : "; ") + problem_text(r.problems[i]);
+    std::fprintf(stderr,
+                 "%s verify: %s is damaged: %llu problem%s, first: %s; stop its writers and restore it from a backup, "
+                 "or rebuild it from its logs (%s rebuild --db %s --log ...)\n",
+                 tool.c_str(), db.c_str(), static_cast<unsigned long long>(r.problem_count), r.problem_count == 1 ? "" : "s",
+                 first.c_str(), tool.c_str(), db.c_str());
+    return 2;
+}
+
+}  // namespace idem::cli::detail
