@@ -2,6 +2,7 @@
 
 #include <idem/storage/crash_point.hpp>
 #include <idem/storage/error.hpp>
+#include <idem/storage/page_check.hpp>
 
 #include <lmdb.h>
 
@@ -148,6 +149,17 @@ data_file_meta check_data_file(const std::filesystem::path& dir) {
             damaged(file, "the newest commit (transaction " + std::to_string(m.txn) + ") has a tree root at page " +
                               std::to_string(root) + ", but the file is " + std::to_string(size) + " bytes (" +
                               std::to_string(pages) + " pages): it was cut short or overwritten");
+        }
+    }
+    if (size < (m.last_page + 1) * m.page_size) {
+        // LMDB may leave the tail pages unwritten when they are free; anything else reachable
+        // past the end would be a SIGBUS. Rare, so the whole walk decides.
+        const auto report = check_environment(dir, 1);
+        if (!report.sound()) {
+            const auto& p = report.problems.front();
+            damaged(file, "the file is " + std::to_string(size) + " bytes, shorter than its last page " +
+                              std::to_string(m.last_page) + " needs, and " +
+                              (p.page ? "page " + std::to_string(*p.page) + ": " : std::string()) + p.what);
         }
     }
     return {m.page_size, m.last_page, m.txn, size};

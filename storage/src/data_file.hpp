@@ -9,7 +9,8 @@
 // - a new environment's data.mdb is made aside and renamed in once both meta pages are on
 //   disk: a data.mdb at the path was always complete once, and is never created again;
 // - an existing data.mdb is checked against its own meta pages (both readable and valid,
-//   the newest commit's tree roots inside the file): a damaged one is errc::store_damaged;
+//   the newest commit's tree roots inside the file, and a file shorter than its last page
+//   walked whole to see that the missing pages are free): a damaged one is errc::store_damaged;
 // - the lock file's space is reserved (posix_fallocate), so a full disk is ENOSPC here.
 
 #include <cstdint>
