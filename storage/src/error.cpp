@@ -25,6 +25,7 @@ public:
         case errc::panic: return "LMDB panic: environment must be reopened";
         case errc::corrupt_log: return "corrupt event log";
         case errc::torn_record: return "event log ends in an incomplete record";
+        case errc::log_changed: return "event log changed under its checkpoint";
         }
         return "unknown idem error";
     }

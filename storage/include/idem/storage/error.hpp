@@ -21,6 +21,7 @@ enum class errc {
     panic,                   ///< LMDB reported MDB_PANIC; the environment must be reopened
     corrupt_log,             ///< an event log holds a corrupt record with valid data after it
     torn_record,             ///< an event log ends in an incomplete record (a crash mid-append)
+    log_changed,             ///< an event log is no longer the file its checkpoint was taken in
 };
 
 /// Returns the category of idem's own error codes ("idem").
