@@ -17,6 +17,7 @@
 //   during_map_resize  the map is being grown (before mdb_env_set_mapsize)
 //   during_swap        a rebuild is complete beside its target, about to be swapped in
 //   after_swap         the rebuild was swapped in, the previous environment not yet removed
+//   after_rotated_log  a rotated log's old file is committed as finished, its new file not yet begun
 
 #include <string_view>
 
