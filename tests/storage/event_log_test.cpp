@@ -585,6 +585,54 @@ TEST_CASE("following a log: an incomplete last record is held back until it is c
     }
 }
 
+TEST_CASE("a follower decides the format from the first bytes that arrive, not from an empty file") {
+    temp_dir dir;
+    auto path = dir / "live.log";
+    write_log(dir / "all.bin", idem::log_format::binary, {"{\"n\":1}", "{\"n\":2}"});
+    const auto binary = slurp(dir / "all.bin");
+    spit(path, "");
+    idem::log_record r;
+    SUBCASE("a binary log arriving in pieces, its header cut short first") {
+        idem::log_reader reader{path, {.follow = true}};
+        CHECK_FALSE(reader.format_known());
+        CHECK_FALSE(reader.next(r));
+        append_raw(path, binary.substr(0, 3));
+        CHECK_FALSE(reader.next(r));
+        append_raw(path, binary.substr(3, 9));  // 12 bytes: more than the magic, less than the header
+        CHECK_FALSE(reader.next(r));
+        CHECK_FALSE(reader.format_known());
+        append_raw(path, binary.substr(12));
+        REQUIRE(reader.next(r));
+        CHECK(reader.format() == idem::log_format::binary);
+        CHECK(r.body == "{\"n\":1}");
+        CHECK(r.offset == 16);
+        REQUIRE(reader.next(r));
+        CHECK(r.body == "{\"n\":2}");
+    }
+    SUBCASE("JSON Lines: decided by its first byte") {
+        idem::log_reader reader{path, {.follow = true}};
+        append_raw(path, "{\"n\":1}\n");
+        REQUIRE(reader.next(r));
+        CHECK(reader.format() == idem::log_format::jsonl);
+        CHECK(r.body == "{\"n\":1}");
+    }
+    SUBCASE("an expected format wins: jsonl is taken at once, binary refused when it arrives") {
+        idem::log_reader jsonl{path, {.follow = true, .format = idem::log_format::jsonl}};
+        CHECK(jsonl.format_known());
+        idem::log_reader expecting_jsonl{path, {.follow = true, .format = idem::log_format::jsonl}};
+        idem::log_reader expecting_binary{path, {.follow = true, .format = idem::log_format::binary}};
+        append_raw(path, "{\"n\":1}\n");
+        CHECK_THROWS_AS(expecting_binary.next(r), std::system_error);
+        REQUIRE(expecting_jsonl.next(r));
+    }
+    SUBCASE("not following, an empty file is an empty JSON Lines log") {
+        idem::log_reader reader{path};
+        CHECK(reader.format_known());
+        CHECK_FALSE(reader.next(r));
+        CHECK_FALSE(reader.torn_tail());
+    }
+}
+
 TEST_CASE("following a log while another thread appends reads every record exactly once") {
     temp_dir dir;
     auto format = idem::log_format::jsonl;
