@@ -196,8 +196,7 @@ log_check check_files(const std::filesystem::path& path, const log_position& at)
 
     log_check out;
     out.size = now ? now->size : 0;
-    auto dir = path.parent_path();
-    if (dir.empty()) dir = ".";
+    const auto dir = std::filesystem::absolute(path).parent_path();
     if (auto old = find_in(dir, *at.file)) {
         open_file previous{*old};
         if (previous.fd >= 0 && identity_of(previous.fd, *old) == *at.file) {
