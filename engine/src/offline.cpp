@@ -116,7 +116,10 @@ private:
                 case log_state::ok:
                 case log_state::missing: break;  // missing: opening it fails, naming it
                 case log_state::truncated:
-                case log_state::replaced: start = restart_changed(check.detail); break;
+                case log_state::replaced:
+                    refuse_unless_restarting(check.detail);
+                    start = {};
+                    break;
                 case log_state::rotated:
                     // Without old_file the old file was finished by an earlier run, and is gone now.
                     if (check.old_file && !read_file(source, path, *check.old_file, start, false)) return;
@@ -129,15 +132,14 @@ private:
         read_file(source, path, path, start, follow);
     }
 
-    /// What a changed log becomes: read again from its start if the run may, else an error.
-    log_position restart_changed(const std::string& detail) const {
+    /// Throws errc::log_changed with detail unless the run may read a changed log again from offset 0.
+    void refuse_unless_restarting(const std::string& detail) const {
         if (!restart_changed_logs_) {
             throw_error(errc::log_changed, detail +
                                                "; nothing was read. If the log was rewritten on purpose, "
                                                "--restart-changed-log reads it again from offset 0 (the inbox "
                                                "recognizes the events already applied)");
         }
-        return {};
     }
 
     /// Whether path exists, waiting for it while following (a rotation's new file may come later).
@@ -149,11 +151,11 @@ private:
         return true;
     }
 
-    /// Reads file (the log at path, or its rotated predecessor) from start. Returns false if the
-    /// run was abandoned or stopped. A rotated predecessor (file != path) is read to its end and committed
-    /// as finished. Following, a path that comes to name another file is a rotation: the open
-    /// file is finished, then the new one read from its start; a file that no longer holds
-    /// what was read (truncated, rewritten) is a changed log.
+    /// Reads file (the log at path, or its rotated predecessor) from start. Returns false if
+    /// the run was abandoned or stopped. A rotated predecessor (file != path) is read to its
+    /// end and committed as finished. Following, a path that comes to name another file is a
+    /// rotation: the open file is finished, then the new one read from its start; a file that
+    /// no longer holds what was read (truncated, rewritten) is a changed log.
     bool read_file(const std::string& source, const std::filesystem::path& path, const std::filesystem::path& file,
                    log_position start, bool follow) {
         const bool predecessor = file != path;
@@ -211,7 +213,8 @@ private:
                                      (reader.size() < last.offset ? "(truncated, e.g. copytruncate)"
                                                                   : "and the bytes before the offset changed "
                                                                     "(rewritten in place)");
-                start = restart_changed(detail);
+                refuse_unless_restarting(detail);
+                note_done(reader, file, false);
                 ro.start = 0;
                 reader = log_reader{path, ro};
                 lines_known = true;
@@ -225,7 +228,7 @@ private:
                 if (!read_available()) return false;
                 if (stopping()) break;
                 if (!hand_over_read(true)) return false;
-                note_unfinished(reader, file);
+                note_done(reader, file, true);
                 ro.start = 0;
                 reader = log_reader{path, ro};
                 lines_known = true;
@@ -235,21 +238,18 @@ private:
             }
             std::this_thread::sleep_for(poll_);
         }
-        std::lock_guard lock{mutex_};
-        result_.skipped += reader.skipped();
-        if (auto torn = reader.torn_tail()) result_.torn.push_back({file, *torn, reader.torn_detail()});
-        if (predecessor && !stopping()) note_unfinished_locked(reader, file);
+        note_done(reader, file, predecessor && !stopping());
         return !stopping();
     }
 
-    /// Reports a rotated file's incomplete last record: it is left behind.
-    void note_unfinished(const log_reader& reader, const std::filesystem::path& file) {
+    /// Counts what a reader skipped and the torn tail it found; left_behind: the file was
+    /// finished after a rotation, so an incomplete last record in it will not be read.
+    void note_done(const log_reader& reader, const std::filesystem::path& file, bool left_behind) {
         std::lock_guard lock{mutex_};
-        note_unfinished_locked(reader, file);
-    }
-
-    void note_unfinished_locked(const log_reader& reader, const std::filesystem::path& file) {
-        if (reader.size() > reader.position()) {
+        result_.skipped += reader.skipped();
+        if (auto torn = reader.torn_tail()) {
+            result_.torn.push_back({file, *torn, reader.torn_detail()});
+        } else if (left_behind && reader.size() > reader.position()) {
             result_.torn.push_back({file, reader.position(),
                                     "the last record of a rotated file is incomplete: not applied"});
         }
