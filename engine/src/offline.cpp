@@ -121,6 +121,11 @@ private:
                     start = {};
                     break;
                 case log_state::rotated:
+                    if (!check.later_rotations.empty()) {
+                        refuse_unless_restarting(check.detail, "Consume those with --log first (oldest first), "
+                                                               "then --restart-changed-log finishes the old file "
+                                                               "and reads the log's current file from its start");
+                    }
                     // Without old_file the old file was finished by an earlier run, and is gone now.
                     if (check.old_file && !read_file(source, path, *check.old_file, start, false)) return;
                     if (stopping() || !wait_for(path, follow)) return;
@@ -132,14 +137,14 @@ private:
         read_file(source, path, path, start, follow);
     }
 
-    /// Throws errc::log_changed with detail unless the run may read a changed log again from offset 0.
-    void refuse_unless_restarting(const std::string& detail) const {
-        if (!restart_changed_logs_) {
-            throw_error(errc::log_changed, detail +
-                                               "; nothing was read. If the log was rewritten on purpose, "
-                                               "--restart-changed-log reads it again from offset 0 (the inbox "
-                                               "recognizes the events already applied)");
-        }
+    /// Throws errc::log_changed with detail and what --restart-changed-log would do, unless the
+    /// run may go on that way.
+    void refuse_unless_restarting(const std::string& detail,
+                                  const std::string& restart = "If the log was rewritten on purpose, "
+                                                               "--restart-changed-log reads it again from offset 0 "
+                                                               "(the inbox recognizes the events already applied)")
+        const {
+        if (!restart_changed_logs_) throw_error(errc::log_changed, detail + "; nothing was read. " + restart);
     }
 
     /// Whether path exists, waiting for it while following (a rotation's new file may come later).

@@ -4,6 +4,7 @@
 #include <idem/storage/error.hpp>
 #include <idem/storage/event_log.hpp>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <system_error>
@@ -83,6 +84,42 @@ std::optional<std::filesystem::path> find_in(const std::filesystem::path& dir, c
         }
     }
     return std::nullopt;
+}
+
+// Files beside a rotated log's old file that look like rotations of the log written after it
+// (named "<log name>.*", modified later, beginning like an event log: not compressed), except
+// the old file and the file at the path. Reading the path's file right after the old one
+// would skip them.
+std::vector<std::filesystem::path> later_rotations(const std::filesystem::path& path, const std::filesystem::path& old,
+                                                   const std::optional<file_identity>& current) {
+    struct stat old_st {};
+    if (::stat(old.c_str(), &old_st) != 0) return {};
+    const auto prefix = path.filename().string() + ".";
+    std::vector<std::pair<std::filesystem::path, struct timespec>> found;
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator{std::filesystem::absolute(path).parent_path(), ec}) {
+        const auto name = entry.path().filename().string();
+        struct stat st {};
+        if (!name.starts_with(prefix) || ::stat(entry.path().c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+        const file_identity id{static_cast<std::uint64_t>(st.st_dev), static_cast<std::uint64_t>(st.st_ino)};
+        const file_identity old_id{static_cast<std::uint64_t>(old_st.st_dev), static_cast<std::uint64_t>(old_st.st_ino)};
+        if (id == old_id || id == current) continue;
+        const bool later = st.st_mtim.tv_sec > old_st.st_mtim.tv_sec ||
+                           (st.st_mtim.tv_sec == old_st.st_mtim.tv_sec && st.st_mtim.tv_nsec > old_st.st_mtim.tv_nsec);
+        if (!later || st.st_size == 0) continue;
+        open_file f{entry.path()};
+        char first = 0;
+        if (f.fd < 0 || ::pread(f.fd, &first, 1, 0) != 1) continue;
+        if (first != '{' && first != 'I' && first != ' ' && first != '\t' && first != '\r' && first != '\n') continue;
+        found.emplace_back(entry.path(), st.st_mtim);
+    }
+    std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) {
+        return a.second.tv_sec != b.second.tv_sec ? a.second.tv_sec < b.second.tv_sec
+                                                  : a.second.tv_nsec < b.second.tv_nsec;
+    });
+    std::vector<std::filesystem::path> out;
+    for (auto& f : found) out.push_back(std::move(f.first));
+    return out;
 }
 
 // Checks the checkpoint's own file (open as fd): ok, truncated or replaced.
@@ -210,6 +247,13 @@ log_check check_files(const std::filesystem::path& path, const log_position& at)
             out.state = log_state::rotated;
             out.old_file = old;
             out.old_size = stat_fd(previous.fd, *old).size;
+            out.later_rotations = later_rotations(path, *old, now ? std::optional{now->id} : std::nullopt);
+            if (!out.later_rotations.empty()) {
+                out.detail = path.string() + ": rotated more than once since the checkpoint (offset " +
+                             std::to_string(at.offset) + " in " + old->string() + "); written after it:";
+                for (const auto& later : out.later_rotations) out.detail += " " + later.string();
+                out.detail += ", which reading the file now at the path next would skip";
+            }
             return out;
         }
     }
@@ -240,6 +284,11 @@ log_check check_log_position(const std::filesystem::path& path, const log_positi
     case log_state::ok: out.lag_bytes = out.size > at.offset ? out.size - at.offset : 0; break;
     case log_state::rotated:
         out.lag_bytes = out.size + (out.old_file && out.old_size > at.offset ? out.old_size - at.offset : 0);
+        for (const auto& later : out.later_rotations) {
+            std::error_code ec;
+            const auto size = std::filesystem::file_size(later, ec);
+            if (!ec) out.lag_bytes += size;
+        }
         break;
     case log_state::truncated:
     case log_state::replaced: out.lag_bytes = out.size; break;

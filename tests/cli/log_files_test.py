@@ -99,6 +99,31 @@ class rotation_test(log_files_case):
         self.assertEqual(self.checkpoint(db), {"source": "log:" + log, "position": os.path.getsize(log),
                                                "state": "ok", "lag_bytes": 0})
 
+    def test_two_rotations_between_consumes_stop_naming_the_file_that_would_be_skipped(self):
+        lines, totals = self.orders_log()
+        log, db = self.path("live.jsonl"), self.path("db")
+        self.write(log, lines[:200])
+        self.consume(db, log)
+        os.rename(log, log + ".1")
+        self.write(log, lines[200:400])
+        time.sleep(0.02)  # later modification times than the first file's
+        os.rename(log + ".1", log + ".2")
+        os.rename(log, log + ".1")
+        self.write(self.path("live.jsonl.3.gz"), [b"\x1f\x8b compressed, not a rotation to read"])
+        self.write(log, lines[400:])
+        p = self.consume(db, log, check=False)
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertIn("rotated more than once", p.stderr)
+        self.assertIn(log + ".1", p.stderr)
+        self.assertNotIn(".gz", p.stderr)
+        cp = self.checkpoint(db)
+        self.assertEqual(cp["state"], "rotated")
+        self.assertEqual(cp["lag_bytes"], len(b"".join(lines[200:])))  # both later files, none of the first
+        self.assertLess(self.sums(db)["lines"], totals["lines"])  # nothing of the later files yet
+        run("consume", "--db", db, "--log", log + ".1")  # what the message says to do
+        self.consume(db, log, "--restart-changed-log")
+        self.assertEqual(self.sums(db), totals)
+
     def test_a_log_copied_elsewhere_and_back_continues_where_it_was(self):
         lines, totals = self.orders_log()
         log, db = self.path("live.jsonl"), self.path("db")

@@ -7,6 +7,7 @@
 
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <fstream>
 #include <string>
 #include <system_error>
@@ -104,6 +105,21 @@ TEST_CASE("a checkpoint is checked against the file now at the log's path") {
         REQUIRE(c.old_file);
         CHECK(*c.old_file == dir / "live.jsonl.1");
         CHECK(c.lag_bytes == lines(100, 105).size() + lines(200, 230).size());
+    }
+    SUBCASE("rotated twice: the file written after the old one is named, a compressed one is not") {
+        fs::rename(log, dir / "live.jsonl.2");
+        spit(dir / "live.jsonl.1", lines(100, 130));
+        spit(dir / "live.jsonl.3.gz", "\x1f\x8b not a log");
+        spit(log, lines(200, 230));
+        const auto old_time = fs::last_write_time(dir / "live.jsonl.2");
+        fs::last_write_time(dir / "live.jsonl.1", old_time + std::chrono::seconds{5});
+        fs::last_write_time(dir / "live.jsonl.3.gz", old_time + std::chrono::seconds{5});
+        auto c = idem::check_log_position(log, at);
+        CHECK(c.state == idem::log_state::rotated);
+        REQUIRE(c.later_rotations.size() == 1);
+        CHECK(c.later_rotations[0] == dir / "live.jsonl.1");
+        CHECK(c.detail.find("rotated more than once") != std::string::npos);
+        CHECK(c.lag_bytes == lines(100, 130).size() + lines(200, 230).size());
     }
     SUBCASE("rotated, and the old file truncated since: truncated, naming the old file") {
         fs::rename(log, dir / "live.jsonl.1");

@@ -17,6 +17,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace idem {
 
@@ -74,6 +75,9 @@ struct log_check {
     log_state state = log_state::ok;
     std::optional<std::filesystem::path> old_file{};  ///< rotated: where the checkpoint's file is now, if still there
     std::uint64_t old_size = 0;                       ///< rotated: that file's size
+    /// rotated: files beside it that look like later rotations of the log (oldest first); when
+    /// there are any, reading the path's file next would skip them (detail says so).
+    std::vector<std::filesystem::path> later_rotations{};
     std::uint64_t size = 0;                           ///< the size of the file at the path (0 if none)
     /// Bytes still to read: ok, the rest of the file; rotated, the rest of the old file plus the new
     /// one; truncated or replaced, the whole file at the path (what reading it again would read).
@@ -85,7 +89,8 @@ struct log_check {
 ///
 /// Same file: ok, truncated (size < offset) or replaced (digest mismatch). Another file at the
 /// path: rotated if the checkpoint's file is in path's directory (and unchanged up to the
-/// offset; else truncated or replaced, naming it) or was finished; else ok if the new file
+/// offset; else truncated or replaced, naming it; later_rotations lists files that look
+/// like rotations after it) or was finished; else ok if the new file
 /// holds the same bytes before the offset (a copy), replaced if not. An offset-only checkpoint
 /// is checked by size alone. Throws std::system_error naming the file on an I/O failure.
 log_check check_log_position(const std::filesystem::path& path, const log_position& at);
