@@ -89,36 +89,109 @@ public:
         return std::move(result_);
     }
 
+    /// Reads a log that changed under its checkpoint again from offset 0 instead of failing.
+    void restart_changed_logs(bool yes) { restart_changed_logs_ = yes; }
+
 private:
     struct pending {
         prepared_batch batch;
         checkpoint at;
         std::uint64_t records = 0;  // records read so far, including this batch
         std::uint64_t bytes = 0;    // bytes read so far, including this batch
+        bool finishes_file = false; // ends a rotated file: the next batch starts the log's new file
     };
 
     bool stopping() const { return (stop_ != nullptr && stop_->load()) || abandoned_.load(); }
 
     // --- the reader thread ------------------------------------------------------------
 
+    /// Reads one log: with resume, from its checkpoint, first finishing the checkpoint's file if
+    /// the log was rotated since (docs/DESIGN.md, "Event logs").
     void read_log(const std::filesystem::path& path, bool resume, bool follow) {
         const std::string source = log_source(path);
+        log_position start;
+        if (resume) {
+            if (auto value = snapshot{store_.env()}.checkpoint_value(store_.options().consumer, source)) {
+                start = decode_log_position(*value);
+                auto check = check_log_position(path, start);
+                switch (check.state) {
+                case log_state::ok:
+                case log_state::missing: break;  // missing: opening it fails, naming it
+                case log_state::truncated:
+                case log_state::replaced:
+                    refuse_unless_restarting(check.detail);
+                    start = {};
+                    break;
+                case log_state::rotated:
+                    if (!check.later_rotations.empty()) {
+                        refuse_unless_restarting(check.detail, "Consume those with --log first (oldest first), "
+                                                               "then --restart-changed-log finishes the old file "
+                                                               "and reads the log's current file from its start");
+                    }
+                    // Without old_file the old file was finished by an earlier run, and is gone now.
+                    if (check.old_file && !read_file(source, path, *check.old_file, start, false)) return;
+                    if (stopping() || !wait_for(path, follow)) return;
+                    start = {};
+                    break;
+                }
+            }
+        }
+        read_file(source, path, path, start, follow);
+    }
+
+    /// Throws errc::log_changed with detail and what --restart-changed-log would do, unless the
+    /// run may go on that way.
+    void refuse_unless_restarting(const std::string& detail,
+                                  const std::string& restart = "If the log was rewritten on purpose, "
+                                                               "--restart-changed-log reads it again from offset 0 "
+                                                               "(the inbox recognizes the events already applied)")
+        const {
+        if (!restart_changed_logs_) throw_error(errc::log_changed, detail + "; nothing was read. " + restart);
+    }
+
+    /// Whether path exists, waiting for it while following (a rotation's new file may come later).
+    bool wait_for(const std::filesystem::path& path, bool follow) {
+        while (!try_identity_of(path)) {
+            if (!follow || stopping()) return false;
+            std::this_thread::sleep_for(poll_);
+        }
+        return true;
+    }
+
+    /// Reads file (the log at path, or its rotated predecessor) from start. Returns false if
+    /// the run was abandoned or stopped. A rotated predecessor (file != path) is read to its
+    /// end and committed as finished. Following, a path that comes to name another file is a
+    /// rotation: the open file is finished, then the new one read from its start; a file that
+    /// no longer holds what was read (truncated, rewritten) is a changed log.
+    bool read_file(const std::string& source, const std::filesystem::path& path, const std::filesystem::path& file,
+                   log_position start, bool follow) {
+        const bool predecessor = file != path;
         log_reader_options ro;
         ro.skip_bad = options_.skip_bad;
-        // A live log (resume) is read like a followed one: a last record without its end is
-        // not taken yet, or its two halves would be two malformed events.
-        ro.follow = follow || resume;
-        if (resume) ro.start = snapshot{store_.env()}.checkpoint(store_.options().consumer, source).value_or(0);
-        const bool lines_known = ro.start == 0;  // after a resume only byte offsets are known
-        log_reader reader{path, ro};
-        if (options_.format && reader.format() != *options_.format) {
-            throw_error(errc::invalid_argument, path.string() + ": is a " + std::string(to_string(reader.format())) +
-                                                    " log, not " + std::string(to_string(*options_.format)));
+        ro.follow = follow;
+        ro.start = start.offset;
+        ro.format = options_.format;
+        // A rotated file is finished by a reader that does not take an incomplete last record
+        // (the writer may still be writing to it); it is reported as torn below.
+        if (predecessor) ro.follow = true;
+        log_reader reader{file, ro};
+        if (start.file && !reader.still_holds(start)) {
+            throw_error(errc::log_changed, file.string() + ": changed while it was being opened at offset " +
+                                               std::to_string(start.offset) + "; run again");
         }
-        const std::uint64_t base = bytes_read_;
-        const std::uint64_t started_at = reader.position();
-        log_record record;
-        for (;;) {
+        bool lines_known = start.offset == 0;  // after a resume only byte offsets are known
+        std::uint64_t counted = reader.position();
+        log_position last = start;
+        auto hand_over_read = [&](bool finished) {
+            bytes_read_ += reader.position() - counted;
+            counted = reader.position();
+            if (used_ == 0 && !finished) return true;
+            last = reader.where();
+            last.finished = finished;
+            return hand_over(source, last, finished);
+        };
+        auto read_available = [&]() {
+            log_record record;
             while (reader.next(record)) {
                 auto& d = batch_[used_++];
                 d.body.assign(record.body);
@@ -127,30 +200,72 @@ private:
                 d.offset = record.offset;
                 ++records_read_;
                 if (used_ == batch_.size()) {
-                    bytes_read_ = base + (reader.position() - started_at);
-                    if (!hand_over(source, reader.position())) return;
-                    if (stopping()) break;  // Ctrl-C: stop at a batch boundary, its checkpoint committed
+                    if (!hand_over_read(false)) return false;
+                    if (stopping()) return true;  // Ctrl-C: stop at a batch boundary, its checkpoint committed
                 }
             }
-            bytes_read_ = base + (reader.position() - started_at);
-            if (!hand_over(source, reader.position())) return;
-            if (!follow || stopping()) break;
+            return true;
+        };
+        for (;;) {
+            if (!read_available() || !hand_over_read(false)) return false;
+            if (stopping()) break;
+            if (predecessor) {
+                if (!hand_over_read(true)) return false;
+                break;
+            }
+            if (!follow) break;
+            if (!reader.still_holds(last)) {
+                std::string detail = file.string() + ": followed to offset " + std::to_string(last.offset) +
+                                     ", the file is now " + std::to_string(reader.size()) + " bytes " +
+                                     (reader.size() < last.offset ? "(truncated, e.g. copytruncate)"
+                                                                  : "and the bytes before the offset changed "
+                                                                    "(rewritten in place)");
+                refuse_unless_restarting(detail);
+                note_done(reader, file, false);
+                ro.start = 0;
+                reader = log_reader{path, ro};
+                lines_known = true;
+                counted = reader.position();
+                last = {};
+                continue;
+            }
+            auto at_path = try_identity_of(path);
+            if (at_path && *at_path != reader.identity()) {
+                // Rotated (or deleted and created anew): finish the open file, then take the new one.
+                if (!read_available()) return false;
+                if (stopping()) break;
+                if (!hand_over_read(true)) return false;
+                note_done(reader, file, true);
+                ro.start = 0;
+                reader = log_reader{path, ro};
+                lines_known = true;
+                counted = reader.position();
+                last = {};
+                continue;
+            }
             std::this_thread::sleep_for(poll_);
         }
+        note_done(reader, file, predecessor && !stopping());
+        return !stopping();
+    }
+
+    /// Counts what a reader skipped and the torn tail it found; left_behind: the file was
+    /// finished after a rotation, so an incomplete last record in it will not be read.
+    void note_done(const log_reader& reader, const std::filesystem::path& file, bool left_behind) {
         std::lock_guard lock{mutex_};
         result_.skipped += reader.skipped();
         if (auto torn = reader.torn_tail()) {
-            result_.torn.push_back({path, *torn, reader.torn_detail()});
-        } else if (resume && !stopping() && reader.size() > reader.position()) {
-            result_.torn.push_back({path, reader.position(),
-                                    "the last record is incomplete (no end yet): not applied; a later run takes it "
-                                    "once it is complete"});
+            result_.torn.push_back({file, *torn, reader.torn_detail()});
+        } else if (left_behind && reader.size() > reader.position()) {
+            result_.torn.push_back({file, reader.position(),
+                                    "the last record of a rotated file is incomplete: not applied"});
         }
     }
 
     /// Prepares the records read so far and queues them; false if the run was abandoned.
-    bool hand_over(const std::string& source, std::uint64_t position) {
-        if (used_ == 0) return true;
+    /// finished: the batch ends its file, which a rotation left behind (committed even if empty).
+    bool hand_over(const std::string& source, const log_position& position, bool finished = false) {
+        if (used_ == 0 && !finished) return true;
         pending p;
         {
             std::lock_guard lock{mutex_};
@@ -160,7 +275,8 @@ private:
             }
         }
         store_.prepare(std::span<const delivery>(batch_.data(), used_), p.batch);
-        p.at = checkpoint{source, position};
+        p.at = checkpoint{source, position.offset, encode_log_position(position).substr(8)};
+        p.finishes_file = finished;
         p.records = records_read_;
         p.bytes = bytes_read_;
         used_ = 0;
@@ -186,6 +302,7 @@ private:
                 changed_.notify_all();
             }
             store_.apply(p.batch, p.at);  // expired entries leave inside each batch's transaction
+            if (p.finishes_file) crash_point("after_rotated_log");
             {
                 std::lock_guard lock{mutex_};
                 recycled_.push_back(std::move(p.batch));  // its strings' capacity serves the next batch
@@ -206,6 +323,7 @@ private:
     store& store_;
     const log_run_options& options_;
     const std::atomic<bool>* stop_ = nullptr;
+    bool restart_changed_logs_ = false;
     std::chrono::milliseconds poll_{100};
     clock::time_point started_ = clock::now();
 
@@ -366,6 +484,7 @@ log_run_result consume(const consume_options& options) {
     store s{options.store};
     if (options.setup) options.setup(s);
     log_run run{s, options};
+    run.restart_changed_logs(options.restart_changed_logs);
     auto result = run.run(true, options.follow, options.poll, options.stop);
     result.stats = s.read().stats(options.store.consumer);
     return result;

@@ -544,7 +544,7 @@ private:
     std::size_t row_bytes_ = 0;  // an estimate of the memory rows_ holds
     const prepared_batch::item* current_ = nullptr;  // the delivery being applied (null: a released parked event)
     std::string source_;                              // where the batch was read from, if from a log
-    std::map<std::string, std::uint64_t> checkpoints_;  // source -> position, written at finish()
+    std::map<std::string, std::string> checkpoints_;  // source -> stored value, written at finish()
     std::uint64_t commit_ = 1;
 };
 
@@ -912,7 +912,12 @@ std::vector<outcome> batch_run::deliver_all(const std::vector<prepared_batch::it
         ++stats.outcomes[static_cast<std::size_t>(outcomes.back().kind)];
     }
     current_ = nullptr;  // the caller may reuse the batch's items once this returns
-    if (at) checkpoints_[at->source] = at->position;
+    if (at) {
+        auto& value = checkpoints_[at->source];
+        value.clear();
+        codec::put_u64_le(value, at->position);
+        value += at->detail;
+    }
     return outcomes;
 }
 
@@ -939,11 +944,7 @@ void batch_run::finish() {
             txn_.del(s_.parked, key);
         }
     }
-    for (const auto& [source, position] : checkpoints_) {
-        value.clear();
-        codec::put_u64_le(value, position);
-        txn_.put(s_.checkpoints, source, value);
-    }
+    for (const auto& [source, stored] : checkpoints_) txn_.put(s_.checkpoints, source, stored);
     stats.batches += 1;
     txn_.put(s_.meta, stats_key(s_.options.consumer), encode_stats(stats));
     txn_.put(s_.meta, clock_key(s_.options.consumer), encode_clock(clock_));
@@ -1406,6 +1407,14 @@ std::optional<std::uint64_t> snapshot::checkpoint(std::string_view consumer, std
     auto v = txn_.get(*t, source);
     if (!v || v->size() < 8) return std::nullopt;
     return codec::get_u64_le(*v);
+}
+
+std::optional<std::string> snapshot::checkpoint_value(std::string_view consumer, std::string_view source) const {
+    auto t = table("checkpoint/" + std::string(consumer));
+    if (!t) return std::nullopt;
+    auto v = txn_.get(*t, source);
+    if (!v || v->size() < 8) return std::nullopt;
+    return std::string(*v);
 }
 
 std::vector<std::pair<std::string, std::uint64_t>> snapshot::checkpoints(std::string_view consumer) const {

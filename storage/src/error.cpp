@@ -27,6 +27,7 @@ public:
         case errc::torn_record: return "event log ends in an incomplete record";
         case errc::store_locked: return "the store is being written by another process";
         case errc::store_damaged: return "the store is damaged";
+        case errc::log_changed: return "event log changed under its checkpoint";
         }
         return "unknown idem error";
     }

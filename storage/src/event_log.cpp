@@ -161,24 +161,40 @@ log_reader::log_reader(const std::filesystem::path& path, log_reader_options opt
     try {
         capacity_ = read_size;
         buffer_ = std::make_unique_for_overwrite<char[]>(capacity_);
-        std::size_t have = fill(0, file_header);
-        if (starts_like_binary(at(0), have)) {
-            format_ = log_format::binary;
-            check_header(at(0), have, path_);
-            if (options_.start == 0) {
-                options_.start = file_header;
-            } else if (options_.start < file_header) {
-                throw_error(errc::invalid_argument, path_.string() + ": start offset " +
-                                                        std::to_string(options_.start) + " is inside the header");
-            }
-        }
         cursor_ = options_.start;
         position_ = cursor_;
         number_ = options_.start_line;
+        detect_format();
     } catch (...) {
         ::close(fd_);
         throw;
     }
+}
+
+// Decides the format from the first bytes; false while a follower cannot tell yet (no bytes,
+// or fewer than a header that begin like one: a binary writer may be writing its header).
+bool log_reader::detect_format() {
+    std::size_t have = fill(0, file_header);
+    const char* head = at(0);
+    const bool header_so_far =
+        have < file_header && std::memcmp(head, file_magic, std::min(have, sizeof file_magic)) == 0;
+    if (options_.follow && header_so_far && options_.format != log_format::jsonl) return false;
+    format_ = starts_like_binary(head, have) ? log_format::binary : log_format::jsonl;
+    if (options_.format && *options_.format != format_) {
+        throw_error(errc::invalid_argument, path_.string() + ": is a " + std::string(to_string(format_)) +
+                                                " log, not " + std::string(to_string(*options_.format)));
+    }
+    if (format_ == log_format::binary) {
+        check_header(head, have, path_);
+        if (options_.start == 0) {
+            cursor_ = position_ = file_header;
+        } else if (options_.start < file_header) {
+            throw_error(errc::invalid_argument, path_.string() + ": start offset " + std::to_string(options_.start) +
+                                                    " is inside the header");
+        }
+    }
+    format_known_ = true;
+    return true;
 }
 
 log_reader::~log_reader() {
@@ -188,6 +204,7 @@ log_reader::~log_reader() {
 log_reader::log_reader(log_reader&& other) noexcept
     : path_(std::move(other.path_)),
       format_(other.format_),
+      format_known_(other.format_known_),
       options_(other.options_),
       fd_(std::exchange(other.fd_, -1)),
       buffer_(std::move(other.buffer_)),
@@ -207,6 +224,7 @@ log_reader& log_reader::operator=(log_reader&& other) noexcept {
         if (fd_ >= 0) ::close(fd_);
         path_ = std::move(other.path_);
         format_ = other.format_;
+        format_known_ = other.format_known_;
         options_ = other.options_;
         fd_ = std::exchange(other.fd_, -1);
         buffer_ = std::move(other.buffer_);
@@ -225,6 +243,14 @@ log_reader& log_reader::operator=(log_reader&& other) noexcept {
 }
 
 std::uint64_t log_reader::size() const { return file_size(fd_, path_); }
+
+file_identity log_reader::identity() const { return identity_of(fd_, path_); }
+
+log_position log_reader::where() const { return position_in(fd_, path_, position_); }
+
+bool log_reader::still_holds(const log_position& p) const {
+    return size() >= p.offset && digest_matches(fd_, path_, p);
+}
 
 const char* log_reader::at(std::uint64_t offset) const noexcept {
     return buffer_.get() + static_cast<std::size_t>(offset - buffer_offset_);
@@ -273,6 +299,7 @@ std::size_t log_reader::fill(std::uint64_t from, std::size_t want) {
 
 bool log_reader::next(log_record& out) {
     if (torn_tail_) return false;
+    if (!format_known_ && !detect_format()) return false;
     return format_ == log_format::jsonl ? next_jsonl(out) : next_binary(out);
 }
 
@@ -283,10 +310,13 @@ bool log_reader::next_jsonl(log_record& out) {
         std::size_t length = 0;
         std::size_t consumed = 0;
         if (have <= scanned_) {
-            // Nothing new. A last line without its newline is a record, unless a writer may still be adding to it.
-            if (have == 0 || options_.follow) return false;
-            length = have;
-            consumed = have;
+            // Nothing new. A last line without its newline is a torn tail, the same as a binary
+            // record cut short (a writer may still be adding to it; following, it just waits).
+            if (have == 0 || options_.follow || is_blank(std::string_view(base, have))) return false;
+            torn_tail_ = cursor_;
+            torn_detail_ = "line " + std::to_string(number_ + 1) + " at offset " + std::to_string(cursor_) + ": " +
+                           std::to_string(have) + " bytes without a newline at the end of the file";
+            return false;
         } else {
             const auto* newline = static_cast<const char*>(
                 std::memchr(base + scanned_, '\n', have - static_cast<std::size_t>(scanned_)));

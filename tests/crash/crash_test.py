@@ -42,6 +42,8 @@ OUTCOMES = ["applied", "duplicate_message", "duplicate_event", "parked", "dead_l
 # the header lists later. A point no run reaches is reported as not hit, not as a failure.
 POINTS = ["after_decode", "mid_batch", "before_commit", "after_commit", "during_prune", "during_map_resize",
           "during_swap", "after_swap", "after_lock", "during_create"]
+# The points a consume across a log rotation is killed at (rotation_chain).
+ROTATION_POINTS = ["after_rotated_log", "mid_batch", "after_commit"]
 # These are on every batch's path: a run that never reaches one has lost its instrumentation.
 CORE_POINTS = ["after_decode", "mid_batch", "before_commit", "after_commit"]
 
@@ -512,6 +514,61 @@ class driver:
             self.check_complete(db, log, refs, full, extra, what)
         shutil.rmtree(db, ignore_errors=True)
 
+    # --- idem consume across a rotation ------------------------------------------------
+
+    def rotation_chain(self, work, log, full, point):
+        """The log's first third consumed from live.jsonl; the second third appended to it, which
+        is then renamed to live.jsonl.1; the rest written to a new live.jsonl. Consumes with point
+        armed at N = 1, 2, .., k until a run ends normally; after a kill at after_rotated_log (the
+        old file committed as finished) the old file is deleted, as a log rotation would. The end
+        state must hold the whole log: the outcomes `idem gen` promised and the rebuild's rows."""
+        base = os.path.join(work, f"rotation-{log.domain}-{point}")
+        shutil.rmtree(base, ignore_errors=True)
+        os.makedirs(base)
+        db, live = os.path.join(base, "db"), os.path.join(base, "live.jsonl")
+        first, second = log.ends[len(log.ends) // 3], log.ends[2 * len(log.ends) // 3]
+        with open(live, "wb") as f:
+            f.write(log.content[:first])
+        args = [IDEM, "consume", "--db", db, "--log", live, "--batch", log.batch, "--journal-rows", 8]
+        run(args, env=armed(None))
+        with open(live, "ab") as f:
+            f.write(log.content[first:second])
+        os.rename(live, live + ".1")
+        with open(live, "wb") as f:
+            f.write(log.content[second:])
+        schedule = crash_schedule(self.size["k"])
+        mode = "rotation"
+        while True:
+            n = schedule.next()
+            crash = f"{point}:{n}"
+            p = run(args, env=armed(crash), check=False)
+            what = f"after {command_text(args, crash)}"
+            if p.returncode == -signal.SIGKILL:
+                state = read_state(db, log.projections)
+                position = next((c["position"] for c in state["stats"]["checkpoints"]), 0)
+                schedule.step((position, os.path.exists(live + ".1")), what)
+                if point == "after_rotated_log" and os.path.exists(live + ".1"):
+                    os.remove(live + ".1")
+                self.tally.kill(mode, point, n)
+            elif p.returncode == 0:
+                break
+            else:
+                raise divergence(f"{what}: exit status {p.returncode}\n{p.stderr.decode(errors='replace')}")
+        state = read_state(db, log.projections)
+        problems = differences(state, full, with_batches=False)
+        want = {k: log.expected["outcomes"].get(k, 0) for k in OUTCOMES}
+        got = {k: state["stats"]["outcomes"].get(k, 0) for k in OUTCOMES}
+        if got != want:
+            problems.append(f"outcomes {got} != what idem gen promised {want}")
+        checkpoint = state["stats"]["checkpoints"][0]
+        if checkpoint.get("state") != "ok" or checkpoint.get("lag_bytes") != 0:
+            problems.append(f"the checkpoint after the last run is {checkpoint}")
+        if problems:
+            raise divergence(f"{mode} at {point}: {log.path} (seed {log.seed}), db {db}\n  - " +
+                             "\n  - ".join(problems))
+        self.tally.completed(mode, point)
+        shutil.rmtree(base, ignore_errors=True)
+
     # --- idem rebuild ------------------------------------------------------------------
 
     def rebuild_crashes(self, work, log, full, extra, rng):
@@ -674,6 +731,8 @@ class driver:
             tasks.append((kind if extra else "rebuild", self.rebuild_crashes, work, log, full, extra,
                           random.Random(rng.random())))
             if not extra:
+                for point in ROTATION_POINTS:
+                    tasks.append(("rotation", self.rotation_chain, work, log, full, point))
                 for submitters in self.size["engine_submitters"]:
                     for point in self.points:
                         tasks.append(("engine", self.engine_chain, work, log, full, point, submitters))
@@ -747,7 +806,8 @@ def main():
     ap.add_argument("--long", action="store_true", help="a soak run: larger logs, N up to 12, rounds until --minutes")
     ap.add_argument("--minutes", type=float, default=30, help="how long --long runs (default 30)")
     ap.add_argument("--seed", type=int, default=None, help="random seed (default 1; with --long from the time)")
-    ap.add_argument("--only", help="run only these kinds: consume, retention, random, rebuild, engine (comma-separated)")
+    ap.add_argument("--only", help="run only these kinds: consume, retention, random, rebuild, rotation, engine "
+                                   "(comma-separated)")
     ap.add_argument("--jobs", type=int, default=max(2, os.cpu_count() or 2), help="runs at a time")
     ap.add_argument("--work", help="work directory (default: a new one in /dev/shm, else the temp directory)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")

@@ -8,8 +8,13 @@
 
 #include <doctest/doctest.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 using namespace idem_test;
@@ -28,6 +33,27 @@ std::vector<std::string> write_log(const std::filesystem::path& path, int n) {
     for (const auto& b : bodies) out.write(b);
     return bodies;
 }
+
+/// Appends order lines e-from .. e-(to-1) (amount i + 1, order i % 13) to a JSON Lines log.
+void append_lines(const std::filesystem::path& path, int from, int to) {
+    idem::log_writer out{path, idem::log_format::jsonl, true};
+    for (int i = from; i < to; ++i) {
+        out.write(line("e-" + std::to_string(i), "order-" + std::to_string(i % 13), i + 1).to_json());
+    }
+}
+
+/// The sum of all orders' totals and lines, for comparison with lines 0 .. n-1 (computed independently).
+std::pair<std::int64_t, std::int64_t> sums(const std::filesystem::path& env) {
+    std::int64_t total = 0;
+    std::int64_t lines = 0;
+    for (const auto& [key, row] : dump(idem::snapshot::open(env), "order-totals")) {
+        total += row.total;
+        lines += row.lines;
+    }
+    return {total, lines};
+}
+
+std::pair<std::int64_t, std::int64_t> expected_sums(std::int64_t n) { return {n * (n + 1) / 2, n}; }
 
 idem::consume_options consume_options(const temp_dir& dir, const std::filesystem::path& log) {
     idem::consume_options o;
@@ -137,3 +163,101 @@ TEST_CASE("compare walks two environments in step and names the first difference
     CHECK(changed.first_difference->find("row 'order-2' differs") != std::string::npos);
     CHECK(changed.first_difference->find("states differ") != std::string::npos);
 }
+
+TEST_SUITE("log files that change under a consumer") {
+
+TEST_CASE("a log rotated between two consumes is finished in its old file, then read in its new one") {
+    temp_dir dir;
+    const auto log = dir / "live.jsonl";
+    append_lines(log, 0, 300);
+    idem::consume(consume_options(dir, log));
+    append_lines(log, 300, 350);  // appended just before the rotation: not yet consumed
+    std::filesystem::rename(log, dir / "live.jsonl.1");
+    append_lines(log, 350, 500);
+    SUBCASE("consumed at once") {
+        auto r = idem::consume(consume_options(dir, log));
+        CHECK(r.records == 200);
+    }
+    SUBCASE("a run killed once the old file was committed as finished; the old file deleted since") {
+        // What such a run leaves: lines 300..349 applied with the checkpoint at the old file's end, finished.
+        {
+            idem::store s{options(dir.env())};
+            s.add(totals_by_order());
+            int fd = ::open((dir / "live.jsonl.1").c_str(), O_RDONLY);
+            REQUIRE(fd >= 0);
+            auto end = idem::position_in(fd, dir / "live.jsonl.1", std::filesystem::file_size(dir / "live.jsonl.1"));
+            ::close(fd);
+            end.finished = true;
+            std::vector<idem::delivery> batch;
+            for (int i = 300; i < 350; ++i) {
+                batch.push_back({line("e-" + std::to_string(i), "order-" + std::to_string(i % 13), i + 1).to_json(), {}});
+            }
+            s.apply(batch, idem::checkpoint{idem::log_source(log), end.offset,
+                                            idem::encode_log_position(end).substr(8)});
+        }
+        std::filesystem::remove(dir / "live.jsonl.1");
+        CHECK(idem::consume(consume_options(dir, log)).records == 150);
+    }
+    CHECK(sums(dir.env()) == expected_sums(500));
+    auto snap = idem::snapshot::open(dir.env());
+    auto at = idem::decode_log_position(*snap.checkpoint_value(consumer, idem::log_source(log)));
+    CHECK(at.offset == std::filesystem::file_size(log));
+    CHECK(at.file == idem::try_identity_of(log));
+}
+
+TEST_CASE("a log truncated or replaced under its checkpoint stops the consume, unless it may restart") {
+    temp_dir dir;
+    const auto log = dir / "live.jsonl";
+    append_lines(log, 0, 300);
+    idem::consume(consume_options(dir, log));
+    SUBCASE("copytruncate") {
+        std::filesystem::resize_file(log, 0);
+        append_lines(log, 300, 400);
+    }
+    SUBCASE("replaced by a shorter file") {
+        append_lines(dir / "new.jsonl", 300, 400);
+        std::filesystem::rename(dir / "new.jsonl", log);
+    }
+    try {
+        idem::consume(consume_options(dir, log));
+        FAIL("a changed log was read at its old offset");
+    } catch (const std::system_error& e) {
+        CHECK(e.code() == idem::errc::log_changed);
+        CHECK(std::string(e.what()).find(log.string()) != std::string::npos);
+        CHECK(std::string(e.what()).find("checkpoint at offset") != std::string::npos);
+    }
+    CHECK(sums(dir.env()) == expected_sums(300));
+    auto o = consume_options(dir, log);
+    o.restart_changed_logs = true;
+    CHECK(idem::consume(o).records == 100);
+    CHECK(sums(dir.env()) == expected_sums(400));
+}
+
+TEST_CASE("a follower notices its log rotated and reads the old file to its end, then the new one") {
+    temp_dir dir;
+    const auto log = dir / "live.jsonl";
+    append_lines(log, 0, 200);
+    auto o = consume_options(dir, log);
+    o.follow = true;
+    o.poll = std::chrono::milliseconds{10};
+    std::atomic<bool> stop{false};
+    std::atomic<std::uint64_t> applied{0};
+    o.stop = &stop;
+    o.progress = [&](const idem::log_progress& p) { applied = p.records; };
+    std::thread follower([&] { idem::consume(o); });
+    auto wait_for = [&](std::uint64_t n) {
+        for (int i = 0; i < 3000 && applied < n; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{5});
+        return applied.load();
+    };
+    CHECK(wait_for(200) == 200);
+    append_lines(log, 200, 260);
+    SUBCASE("rotation by rename") { std::filesystem::rename(log, dir / "live.jsonl.1"); }
+    SUBCASE("deleted and created anew") { std::filesystem::remove(log); }
+    append_lines(log, 260, 400);
+    CHECK(wait_for(400) == 400);
+    stop = true;
+    follower.join();
+    CHECK(sums(dir.env()) == expected_sums(400));
+}
+
+}  // TEST_SUITE

@@ -159,7 +159,7 @@ TEST_CASE("format names and detection") {
     }
 }
 
-TEST_CASE("JSON Lines: offsets, line numbers, blank lines, CRLF and a missing final newline") {
+TEST_CASE("JSON Lines: offsets, line numbers, blank lines, CRLF and a torn last line") {
     temp_dir dir;
     auto path = dir / "log.jsonl";
     const std::string text = "{\"a\":1}\n\n  \t\n{\"b\":2}\r\nnot json\n\r\n{\"c\":3}";
@@ -170,7 +170,7 @@ TEST_CASE("JSON Lines: offsets, line numbers, blank lines, CRLF and a missing fi
     CHECK(reader.path() == path);
     CHECK(reader.size() == text.size());
     auto records = read_all(reader);
-    REQUIRE(records.size() == 4);
+    REQUIRE(records.size() == 3);
     auto b = text.find("{\"b\"");
     auto n = text.find("not json");
     auto c = text.find("{\"c\"");
@@ -185,13 +185,11 @@ TEST_CASE("JSON Lines: offsets, line numbers, blank lines, CRLF and a missing fi
     CHECK(records[2].body == "not json");  // returned as it is: the apply path dead-letters it
     CHECK(records[2].offset == n);
     CHECK(records[2].line == 5);
-    CHECK(records[3].body == "{\"c\":3}");  // no final newline: still a record
-    CHECK(records[3].offset == c);
-    CHECK(records[3].end == text.size());
-    CHECK(records[3].line == 7);
-    CHECK_FALSE(reader.torn_tail());
-    CHECK(reader.torn_detail().empty());
-    CHECK(reader.position() == text.size());
+    // No final newline: a torn tail, like a binary record cut short, not a record.
+    REQUIRE(reader.torn_tail());
+    CHECK(*reader.torn_tail() == c);
+    CHECK(reader.torn_detail() == "line 7 at offset " + std::to_string(c) + ": 7 bytes without a newline at the end of the file");
+    CHECK(reader.position() == records[2].end);  // the end of the last record returned
     idem::log_record again;
     CHECK_FALSE(reader.next(again));
 }
@@ -584,6 +582,54 @@ TEST_CASE("following a log: an incomplete last record is held back until it is c
         CHECK(r.body == "{\"n\":2}");
         CHECK(r.line == 2);
         CHECK_FALSE(reader.next(r));
+    }
+}
+
+TEST_CASE("a follower decides the format from the first bytes that arrive, not from an empty file") {
+    temp_dir dir;
+    auto path = dir / "live.log";
+    write_log(dir / "all.bin", idem::log_format::binary, {"{\"n\":1}", "{\"n\":2}"});
+    const auto binary = slurp(dir / "all.bin");
+    spit(path, "");
+    idem::log_record r;
+    SUBCASE("a binary log arriving in pieces, its header cut short first") {
+        idem::log_reader reader{path, {.follow = true}};
+        CHECK_FALSE(reader.format_known());
+        CHECK_FALSE(reader.next(r));
+        append_raw(path, binary.substr(0, 3));
+        CHECK_FALSE(reader.next(r));
+        append_raw(path, binary.substr(3, 9));  // 12 bytes: more than the magic, less than the header
+        CHECK_FALSE(reader.next(r));
+        CHECK_FALSE(reader.format_known());
+        append_raw(path, binary.substr(12));
+        REQUIRE(reader.next(r));
+        CHECK(reader.format() == idem::log_format::binary);
+        CHECK(r.body == "{\"n\":1}");
+        CHECK(r.offset == 16);
+        REQUIRE(reader.next(r));
+        CHECK(r.body == "{\"n\":2}");
+    }
+    SUBCASE("JSON Lines: decided by its first byte") {
+        idem::log_reader reader{path, {.follow = true}};
+        append_raw(path, "{\"n\":1}\n");
+        REQUIRE(reader.next(r));
+        CHECK(reader.format() == idem::log_format::jsonl);
+        CHECK(r.body == "{\"n\":1}");
+    }
+    SUBCASE("an expected format wins: jsonl is taken at once, binary refused when it arrives") {
+        idem::log_reader jsonl{path, {.follow = true, .format = idem::log_format::jsonl}};
+        CHECK(jsonl.format_known());
+        idem::log_reader expecting_jsonl{path, {.follow = true, .format = idem::log_format::jsonl}};
+        idem::log_reader expecting_binary{path, {.follow = true, .format = idem::log_format::binary}};
+        append_raw(path, "{\"n\":1}\n");
+        CHECK_THROWS_AS(expecting_binary.next(r), std::system_error);
+        REQUIRE(expecting_jsonl.next(r));
+    }
+    SUBCASE("not following, an empty file is an empty JSON Lines log") {
+        idem::log_reader reader{path};
+        CHECK(reader.format_known());
+        CHECK_FALSE(reader.next(r));
+        CHECK_FALSE(reader.torn_tail());
     }
 }
 

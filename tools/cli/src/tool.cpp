@@ -119,6 +119,28 @@ void append_kv(std::string& out, std::string_view key, std::uint64_t v, bool com
     out.append(std::to_string(v));
 }
 
+/// Appends a log checkpoint's "state" (ok, rotated, truncated, replaced, missing) and "lag_bytes".
+void append_log_lag(std::string& out, const std::filesystem::path& log, const std::optional<std::string>& value) {
+    if (!value) return;
+    try {
+        auto check = check_log_position(log, decode_log_position(*value));
+        out += ",\"state\":";
+        append_json_string(out, to_string(check.state));
+        if (check.state != log_state::missing) append_kv(out, "lag_bytes", check.lag_bytes);
+        if (check.old_file) {
+            out += ",\"rotated_to\":";
+            append_json_string(out, check.old_file->string());
+        }
+        if (!check.detail.empty()) {
+            out += ",\"detail\":";
+            append_json_string(out, check.detail);
+        }
+    } catch (const std::exception& e) {
+        out += ",\"state\":\"unreadable\",\"detail\":";
+        append_json_string(out, e.what());
+    }
+}
+
 std::string outcomes_json(const consumer_stats& s) {
     std::string out = "{";
     for (std::size_t i = 0; i < outcome_kinds; ++i) {
@@ -345,6 +367,9 @@ void tool::impl::add_builtin_commands() {
         "apply event logs through the live path, resumable: the log offset is committed with each batch",
         {db_option, log_option, format_option, skip_bad_option, batch_option,
          {"follow", "", "keep tailing the last log for appended events (stop with Ctrl-C or SIGTERM)"},
+         {"restart-changed-log", "",
+          "read a log truncated or rewritten under its checkpoint again from offset 0 (the inbox drops what was "
+          "applied) instead of stopping with exit 2"},
          {"durability", "full|periodic|none", "fsync policy (default full: a commit is on disk before the next)"},
          {"journal-rows", "N",
           "changed rows are journaled and folded into the row table once N are journaled (default: automatic)"},
@@ -357,6 +382,7 @@ void tool::impl::add_builtin_commands() {
             o.store.sync = parse_durability(a);
             o.store.journal_rows = static_cast<std::size_t>(a.number("journal-rows", 0));
             o.follow = a.flag("follow");
+            o.restart_changed_logs = a.flag("restart-changed-log");
             stop_signals signals;
             auto r = consume(o);
             bar.finish();
@@ -448,11 +474,7 @@ void tool::impl::add_builtin_commands() {
                 out += "{\"source\":";
                 append_json_string(out, source);
                 append_kv(out, "position", position);
-                if (source.starts_with("log:")) {
-                    std::error_code ec;
-                    auto size = std::filesystem::file_size(source.substr(4), ec);
-                    if (!ec) append_kv(out, "lag_bytes", size > position ? size - position : 0);
-                }
+                if (source.starts_with("log:")) append_log_lag(out, source.substr(4), snap.checkpoint_value(consumer, source));
                 out.push_back('}');
             }
             out += "],\"projections\":{";

@@ -75,7 +75,8 @@ struct rebuild_options : log_run_options {
 /// Returns dir absolute and normalized, without a trailing separator ("data/" -> "/cwd/data").
 std::filesystem::path normalized_dir(const std::filesystem::path& dir);
 
-/// Returns the checkpoint source name of a log file (its absolute path, "log:" prefixed).
+/// Returns the checkpoint source name of a log file (its absolute path, "log:" prefixed); its
+/// value is a log_position (<idem/storage/log_position.hpp>).
 std::string log_source(const std::filesystem::path& log);
 
 /// Rebuilds options.store.path from the logs: builds a fresh environment beside it
@@ -95,13 +96,19 @@ log_run_result build(const rebuild_options& options);
 /// Options of a live, resumable consumer of log files.
 struct consume_options : log_run_options {
     bool follow = false;                            ///< keep tailing the last log for appended records
+    /// Read a log that changed under its checkpoint (truncated, rewritten, replaced) again from
+    /// offset 0 instead of failing with errc::log_changed; the inbox recognizes what was applied.
+    bool restart_changed_logs = false;
     std::chrono::milliseconds poll{100};            ///< how often a followed log is checked for new records
 };
 
-/// Applies the logs to options.store.path, each batch with its log's byte offset as the
-/// checkpoint in the same transaction; a rerun resumes exactly after the last commit. A last
-/// record without its end (a writer mid-append) is left for a later run and reported in
-/// the result's `torn`. options.stop is checked after every batch.
+/// Applies the logs to options.store.path, each batch with its log's position (byte offset,
+/// file identity, digest of the bytes before it: log_position) as the checkpoint in the same
+/// transaction; a rerun resumes exactly after the last commit. A rotated log is finished in
+/// its old file, then read in its new one; a log truncated or rewritten under its checkpoint
+/// throws errc::log_changed naming it (unless restart_changed_logs). A last record without its
+/// end (a writer mid-append) is left for a later run and reported in the result's `torn`.
+/// options.stop is checked after every batch.
 log_run_result consume(const consume_options& options);
 
 /// One projection's rows summarized.

@@ -60,6 +60,7 @@ struct delivery {
 struct checkpoint {
     std::string source;          ///< which source (a log path, a stream name)
     std::uint64_t position = 0;  ///< how far it was consumed (byte offset, stream sequence)
+    std::string detail{};        ///< stored after the position: what else the source checks on resume (a log's file)
 };
 
 /// What to do with an event whose sequence skips ahead of its stream.
@@ -352,6 +353,8 @@ public:
     std::uint64_t commit() const;
     /// Returns a consumer's checkpoint for a source, if it has one.
     std::optional<std::uint64_t> checkpoint(std::string_view consumer, std::string_view source) const;
+    /// Returns a consumer's checkpoint for a source as stored: the u64 LE position, then its detail.
+    std::optional<std::string> checkpoint_value(std::string_view consumer, std::string_view source) const;
     /// Returns every checkpoint of a consumer as (source, position), sorted by source.
     std::vector<std::pair<std::string, std::uint64_t>> checkpoints(std::string_view consumer) const;
     /// Returns a consumer's durable counters.

@@ -19,6 +19,7 @@
 //   after_swap         the rebuild was swapped in, the previous environment not yet removed
 //   after_lock         a writer holds the store's lock and has not opened the data file yet
 //   during_create      a new data file is complete beside the store, not yet renamed in
+//   after_rotated_log  a rotated log's old file is committed as finished, its new file not yet begun
 
 #include <string_view>
 

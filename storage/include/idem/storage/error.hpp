@@ -23,6 +23,7 @@ enum class errc {
     torn_record,             ///< an event log ends in an incomplete record (a crash mid-append)
     store_locked,            ///< another process holds the store's writer lock
     store_damaged,           ///< the environment's files are damaged (truncated, bad meta pages)
+    log_changed,             ///< an event log is no longer the file its checkpoint was taken in
 };
 
 /// Returns the category of idem's own error codes ("idem").

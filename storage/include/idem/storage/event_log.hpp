@@ -13,8 +13,11 @@
 // and JSONL -> binary -> JSONL is byte-identical (for LF-terminated files without blank lines).
 //
 // A crash mid-append leaves a torn tail: a last record cut short or failing its checksum
-// with nothing valid after it. Readers report it (torn_tail()) instead of failing; a bad
-// record followed by valid ones is corruption and fails (or is skipped, when asked).
+// with nothing valid after it, or a last JSON line without its newline. Readers report it
+// (torn_tail()) instead of failing or applying it; a bad record followed by valid ones is
+// corruption and fails (or is skipped, when asked).
+
+#include <idem/storage/log_position.hpp>
 
 #include <cstdint>
 #include <filesystem>
@@ -66,6 +69,11 @@ struct log_reader_options {
     bool follow = false;
     /// Line (jsonl) or record (binary) number of the record ending at `start`, so numbering continues after a resume.
     std::uint64_t start_line = 0;
+    /// The format the file must have (errc::invalid_argument otherwise); unset: detected from its first bytes.
+    ///
+    /// Following, an empty file or one holding only the start of a binary header has no format
+    /// yet: it is decided when enough bytes arrive (an expected jsonl is taken at once).
+    std::optional<log_format> format{};
 };
 
 /// Reads JSON Lines or binary logs sequentially and fast (large buffered reads, no per-record allocation).
@@ -84,8 +92,10 @@ public:
     log_reader(const log_reader&) = delete;
     log_reader& operator=(const log_reader&) = delete;
 
-    /// Returns the format detected at open.
+    /// Returns the format detected (jsonl until format_known()).
     log_format format() const noexcept { return format_; }
+    /// Returns whether the format is decided (only a follower of an empty or headerless file waits).
+    bool format_known() const noexcept { return format_known_; }
     /// Returns the path the reader was opened with.
     const std::filesystem::path& path() const noexcept { return path_; }
 
@@ -96,8 +106,9 @@ public:
     /// than max_log_record; the system error of a failing read.
     bool next(log_record& out);
 
-    /// After next() returned false: if the file ends in an incomplete record (a crash mid-append),
-    /// its offset; never in follow mode (there it is just "not yet complete").
+    /// After next() returned false: if the file ends in an incomplete record (a crash mid-append,
+    /// or a last line without its newline), its offset; never in follow mode (there it is just
+    /// "not yet complete").
     std::optional<std::uint64_t> torn_tail() const noexcept { return torn_tail_; }
     /// Describes the torn tail ("record at offset N: header says 412 bytes, 97 present"); empty if none.
     const std::string& torn_detail() const noexcept { return torn_detail_; }
@@ -107,8 +118,15 @@ public:
     std::uint64_t position() const noexcept { return position_; }
     /// Returns the current file size (for progress bars).
     std::uint64_t size() const;
+    /// Returns the identity of the open file (which may no longer be at path()).
+    file_identity identity() const;
+    /// Returns position() with the open file's identity and the digest of the bytes before it.
+    log_position where() const;
+    /// Returns whether the open file still holds p's bytes (not truncated below p.offset, nor rewritten before it).
+    bool still_holds(const log_position& p) const;
 
 private:
+    bool detect_format();
     bool next_jsonl(log_record& out);
     bool next_binary(log_record& out);
     std::size_t fill(std::uint64_t from, std::size_t want);
@@ -118,6 +136,7 @@ private:
 
     std::filesystem::path path_;
     log_format format_ = log_format::jsonl;
+    bool format_known_ = false;
     log_reader_options options_;
     int fd_ = -1;
     std::unique_ptr<char[]> buffer_;
