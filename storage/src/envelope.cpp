@@ -721,7 +721,8 @@ bool envelope_parser::parse(std::string_view text, envelope& out, parse_error& e
                 json_finding found;
                 const auto fault = validate(value, names, found);
                 if (fault == json_fault::repeated_name) {
-                    return fail(err, reason::invalid_json,
+                    // Valid JSON (RFC 8259 only says names SHOULD be unique), but not a payload idem takes.
+                    return fail(err, reason::invalid_field,
                                 "attribute 'data' names member " + quoted(found.name) + " twice (in data" +
                                     found.where + ")");
                 }

@@ -477,7 +477,7 @@ class bad_input_test(cli_case):
              "attribute 'time' is not an RFC 3339 timestamp (like 2026-12-02T10:00:00Z): \"2026-12-02 10:00:00Z\""),
             (self.bad_line(19, extra=',"traceId":"t"'), "invalid_field",
              "extension attribute name 'traceId' is not made of lower-case letters a-z and digits 0-9"),
-            (self.bad_line(20, data='{"order_id":"o","amount":1,"amount":9}'), "invalid_json",
+            (self.bad_line(20, data='{"order_id":"o","amount":1,"amount":9}'), "invalid_field",
              "attribute 'data' names member 'amount' twice (in data)"),
             (self.bad_line(21, extra=',"datacontenttype":"image/png","data_base64":"AAEC"', data='null')[:-len(b',"data":null}')] + b'}',
              "decode_failed", "it is binary (data_base64 of 3 bytes, datacontenttype 'image/png'), and a typed handler "

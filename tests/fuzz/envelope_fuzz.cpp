@@ -51,7 +51,8 @@ void check_parse(idem::envelope_parser& parser, std::string_view text) {
     require(ok == (err.why == idem::reason::none), "parse() result and err.why disagree", text);
     // Never accept what is not one JSON object, never call one malformed. (A body with several
     // defects is rejected for the first one found, which need not be its syntax.)
-    const auto verdict = judge(text);
+    // A leading byte order mark is skipped by the parser, so the oracle judges what follows it.
+    const auto verdict = judge(text.starts_with("\xEF\xBB\xBF") ? text.substr(3) : text);
     const bool syntax = err.why == idem::reason::invalid_json || err.why == idem::reason::invalid_utf8;
     require(!(ok && (verdict == oracle::invalid || verdict == oracle::not_object)), "invalid JSON accepted", text);
     require(!(syntax && verdict == oracle::object), "a valid JSON object rejected as invalid_json or invalid_utf8", text);

@@ -397,7 +397,7 @@ TEST_CASE("a member named twice inside data is refused, at any depth, naming it 
         CAPTURE(c.data);
         auto p = parse(std::string(R"({"specversion":"1.0","id":"1","source":"s","type":"t","data":)") + c.data + "}");
         CHECK_FALSE(p.ok);
-        CHECK(p.err.why == idem::reason::invalid_json);
+        CHECK(p.err.why == idem::reason::invalid_field);
         CHECK(p.err.detail == c.detail);
     }
     std::string wide = "{";
