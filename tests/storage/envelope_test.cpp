@@ -318,6 +318,9 @@ TEST_CASE("a String attribute holds no control character or noncharacter") {
     auto p = parse(R"({"specversion":"1.0","id":"a\nb","source":"s","type":"t"})");
     CHECK(p.err.detail ==
           "attribute 'id' holds U+000A at byte 1, which a CloudEvents String may not hold (control characters, noncharacters)");
+    // An unpaired surrogate is no character at all.
+    CHECK_FALSE(parse(R"({"specversion":"1.0","id":"a\udead","source":"s","type":"t"})").ok);
+    CHECK_FALSE(parse(R"({"specversion":"1.0","id":"1","source":"s","type":"t","ext":"\ud800x"})").ok);
     // What is allowed: printable text in any script, U+00A0 and on, paired surrogates; data is not an attribute.
     CHECK(parse(R"({"specversion":"1.0","id":"caf\u00e9 \u00a0 \ud83d\ude00 日本","source":"s","type":"t","data":"a\nb"})").ok);
 }
