@@ -8,6 +8,7 @@
 #include <charconv>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <optional>
 #include <vector>
 
@@ -413,9 +414,18 @@ json_fault validate(simdjson::ondemand::value value, std::vector<std::string_vie
     return json_fault::malformed;
 }
 
-bool fail(parse_error& err, reason why, std::string detail) {
+// The failure paths are cold and kept out of line, so the parse loop stays small enough for
+// the compiler to inline simdjson's iteration into it.
+[[gnu::cold, gnu::noinline]] bool fail(parse_error& err, reason why, std::string detail) {
     err.why = why;
     err.detail = std::move(detail);
+    return false;
+}
+
+[[gnu::cold, gnu::noinline]] bool fail(parse_error& err, reason why, std::string_view a, std::string_view b,
+                                       std::string_view c = {}) {
+    err.why = why;
+    err.detail.assign(a).append(b).append(c);
     return false;
 }
 
@@ -431,7 +441,17 @@ std::string quoted(std::string_view name) {
 std::size_t find_disallowed(std::string_view s) noexcept {
     const auto* p = reinterpret_cast<const unsigned char*>(s.data());
     const auto n = s.size();
-    for (std::size_t i = 0; i < n; ++i) {
+    // Eight bytes at a time while all are printable ASCII (0x20-0x7E), the common case.
+    constexpr std::uint64_t ones = 0x0101010101010101ull;
+    constexpr std::uint64_t highs = 0x8080808080808080ull;
+    std::size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        std::uint64_t w;
+        std::memcpy(&w, p + i, 8);
+        const std::uint64_t del = w ^ (0x7F * ones);
+        if (((w | ((w - 0x20 * ones) & ~w) | ((del - ones) & ~del)) & highs) != 0) break;
+    }
+    for (; i < n; ++i) {
         const unsigned char c = p[i];
         if (c >= 0x20 && c < 0x7F) continue;
         if (c < 0x20 || c == 0x7F) return i;
@@ -467,14 +487,26 @@ std::string label(std::string_view name, bool extension) {
 }
 
 // Reads a CloudEvents String: a JSON string without control characters or noncharacters.
-bool read_string(simdjson::ondemand::value value, std::string_view name, std::string_view& out, parse_error& err,
-                 bool extension = false) {
-    json_type type{};
-    if (value.type().get(type) != simdjson::SUCCESS || type != json_type::string) {
-        return fail(err, reason::invalid_field, label(name, extension) + " must be a string");
-    }
+// A null sets unset (the JSON format's unset attribute) and leaves out as it was. The
+// common case, a string, is read first; the JSON type is looked at only when it is not one.
+bool read_string(simdjson::ondemand::value value, std::string_view name, std::string_view& out, bool& unset,
+                 parse_error& err, bool extension = false) {
     if (value.get_string().get(out) != simdjson::SUCCESS) {
-        return fail(err, reason::invalid_json, label(name, extension) + " is not a valid JSON string");
+        json_type type{};
+        if (value.type().get(type) != simdjson::SUCCESS) {
+            return fail(err, reason::invalid_json, "malformed value of attribute " + quoted(name));
+        }
+        if (type == json_type::null) {
+            if (trim_right(value.raw_json_token()) != "null") {
+                return fail(err, reason::invalid_json, "malformed value of attribute " + quoted(name));
+            }
+            unset = true;
+            return true;
+        }
+        if (type == json_type::string) {
+            return fail(err, reason::invalid_json, label(name, extension) + " is not a valid JSON string");
+        }
+        return fail(err, reason::invalid_field, label(name, extension) + " must be a string");
     }
     if (const auto at = find_disallowed(out); at != std::string_view::npos) {
         return fail(err, reason::invalid_field,
@@ -484,10 +516,11 @@ bool read_string(simdjson::ondemand::value value, std::string_view name, std::st
     return true;
 }
 
-bool read_string(simdjson::ondemand::value value, std::string_view name, std::string& out, parse_error& err) {
+bool read_string(simdjson::ondemand::value value, std::string_view name, std::string& out, bool& unset,
+                 parse_error& err) {
     std::string_view s;
-    if (!read_string(value, name, s, err)) return false;
-    out.assign(s);
+    if (!read_string(value, name, s, unset, err)) return false;
+    if (!unset) out.assign(s);
     return true;
 }
 
@@ -497,6 +530,10 @@ bool read_sequence(simdjson::ondemand::value value, std::optional<std::uint64_t>
         return fail(err, reason::invalid_json, "attribute 'sequence' is not valid JSON");
     }
     std::uint64_t n = 0;
+    if (type == json_type::null) {
+        if (trim_right(value.raw_json_token()) == "null") return true;
+        return fail(err, reason::invalid_json, "malformed value of attribute 'sequence'");
+    }
     if (type == json_type::number) {
         if (value.get_uint64().get(n) != simdjson::SUCCESS) {
             return fail(err, reason::invalid_sequence, "attribute 'sequence' must be a positive integer");
@@ -521,6 +558,12 @@ bool read_sequence(simdjson::ondemand::value value, std::optional<std::uint64_t>
     return true;
 }
 
+// Valid JSON (RFC 8259 only says names SHOULD be unique), but not a payload idem takes.
+[[gnu::cold, gnu::noinline]] bool fail_repeated_member(parse_error& err, const json_finding& found) {
+    return fail(err, reason::invalid_field,
+                "attribute 'data' names member " + quoted(found.name) + " twice (in data" + found.where + ")");
+}
+
 bool is_attribute_name(std::string_view name) noexcept {
     // CloudEvents 1.0 "Naming Conventions": lower-case ASCII letters and digits, at least one.
     // "SHOULD NOT exceed 20 characters" is advice to producers, so longer names are taken.
@@ -537,7 +580,8 @@ bool check_extension(simdjson::ondemand::value value, json_type type, std::strin
     switch (type) {
     case json_type::string: {
         std::string_view s;
-        return read_string(value, name, s, err, true);
+        bool unset = false;
+        return read_string(value, name, s, unset, err, true);
     }
     case json_type::boolean: {
         const auto token = trim_right(value.raw_json_token());
@@ -642,13 +686,13 @@ bool envelope_parser::parse(std::string_view text, envelope& out, parse_error& e
     unsigned seen = 0;
     auto once = [&](unsigned bit, std::string_view name) {
         if ((seen & bit) != 0) {
-            return fail(err, reason::invalid_field, "attribute " + quoted(name) + " appears twice");
+            return fail(err, reason::invalid_field, "attribute '", name, "' appears twice");
         }
         seen |= bit;
         return true;
     };
     auto non_empty = [&](std::string_view name, std::string_view value) {
-        return !value.empty() || fail(err, reason::invalid_field, "attribute " + quoted(name) + " must not be empty");
+        return !value.empty() || fail(err, reason::invalid_field, "attribute '", name, "' must not be empty");
     };
     std::string_view specversion;
     std::string_view data_base64;
@@ -659,61 +703,67 @@ bool envelope_parser::parse(std::string_view text, envelope& out, parse_error& e
             return fail(err, reason::invalid_json, "malformed attribute name");
         }
         simdjson::ondemand::value value;
-        json_type type{};
-        if (field.value().get(value) != simdjson::SUCCESS || value.type().get(type) != simdjson::SUCCESS) {
-            return fail(err, reason::invalid_json, "malformed value of attribute " + quoted(name));
+        if (field.value().get(value) != simdjson::SUCCESS) {
+            return fail(err, reason::invalid_json, "malformed value of attribute '", name, "'");
         }
-        // The JSON format reads an attribute's null as unset; `data` is the payload, where null is a value.
-        const bool unset = type == json_type::null && name != "data";
-        if (unset && trim_right(value.raw_json_token()) != "null") {
-            return fail(err, reason::invalid_json, "malformed value of attribute " + quoted(name));
-        }
+        // The JSON format reads an attribute's null as unset (read_string notes it); `data` is
+        // the payload, where null is a value.
+        bool unset = false;
         bool ok = true;
         if (name == "id") {
-            ok = once(bit_id, name) && (unset || read_string(value, name, out.id, err));
+            ok = once(bit_id, name) && read_string(value, name, out.id, unset, err);
         } else if (name == "source") {
-            ok = once(bit_source, name) && (unset || read_string(value, name, out.source, err));
+            ok = once(bit_source, name) && read_string(value, name, out.source, unset, err);
         } else if (name == "type") {
-            ok = once(bit_type, name) && (unset || read_string(value, name, out.type, err));
+            ok = once(bit_type, name) && read_string(value, name, out.type, unset, err);
         } else if (name == "subject") {
-            ok = once(bit_subject, name) &&
-                 (unset || (read_string(value, name, out.subject, err) && non_empty(name, out.subject)));
+            ok = once(bit_subject, name) && read_string(value, name, out.subject, unset, err) &&
+                 (unset || non_empty(name, out.subject));
         } else if (name == "time") {
-            ok = once(bit_time, name) && (unset || read_string(value, name, out.time, err));
+            ok = once(bit_time, name) && read_string(value, name, out.time, unset, err);
             if (ok && !unset && !is_rfc3339_timestamp(out.time)) {
                 return fail(err, reason::invalid_field,
-                            "attribute 'time' is not an RFC 3339 timestamp (like 2026-12-02T10:00:00Z): \"" +
-                                out.time + "\"");
+                            "attribute 'time' is not an RFC 3339 timestamp (like 2026-12-02T10:00:00Z): \"", out.time,
+                            "\"");
             }
         } else if (name == "msgid") {
-            ok = once(bit_msgid, name) && (unset || read_string(value, name, out.msgid, err));
+            ok = once(bit_msgid, name) && read_string(value, name, out.msgid, unset, err);
         } else if (name == "specversion") {
-            ok = once(bit_specversion, name) && (unset || read_string(value, name, specversion, err));
+            ok = once(bit_specversion, name) && read_string(value, name, specversion, unset, err);
         } else if (name == "sequence") {
-            ok = once(bit_sequence, name) && (unset || read_sequence(value, out.sequence, err));
+            ok = once(bit_sequence, name) && read_sequence(value, out.sequence, err);
         } else if (name == "datacontenttype") {
-            ok = once(bit_datacontenttype, name) &&
-                 (unset || (read_string(value, name, out.datacontenttype, err) && non_empty(name, out.datacontenttype)));
+            ok = once(bit_datacontenttype, name) && read_string(value, name, out.datacontenttype, unset, err) &&
+                 (unset || non_empty(name, out.datacontenttype));
         } else if (name == "dataschema") {
-            ok = once(bit_dataschema, name) &&
-                 (unset || (read_string(value, name, dataschema, err) && non_empty(name, dataschema)));
+            ok = once(bit_dataschema, name) && read_string(value, name, dataschema, unset, err) &&
+                 (unset || non_empty(name, dataschema));
             // An absolute URI starts with its scheme: a letter, then letters, digits, '+', '-', '.', then ':'.
             const auto colon = dataschema.find(':');
             if (ok && !unset &&
                 (colon == std::string_view::npos || colon == 0 || !std::isalpha(static_cast<unsigned char>(dataschema[0])) ||
                  dataschema.substr(0, colon).find_first_not_of(
                      "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789+-.") != std::string_view::npos)) {
-                return fail(err, reason::invalid_field,
-                            "attribute 'dataschema' must be an absolute URI, got \"" + std::string(dataschema) + "\"");
+                return fail(err, reason::invalid_field, "attribute 'dataschema' must be an absolute URI, got \"",
+                            dataschema, "\"");
             }
         } else if (name == "data_base64") {
             // A member of the JSON format, not an attribute, so the naming rule does not apply to it.
             ok = once(bit_data_base64, name);
-            if (ok && !unset && (type != json_type::string || value.get_string().get(data_base64) != simdjson::SUCCESS)) {
-                return fail(err, reason::invalid_field, "attribute 'data_base64' must be a base64 string");
+            if (ok && value.get_string().get(data_base64) != simdjson::SUCCESS) {
+                data_base64 = {};
+                json_type type{};
+                if (value.type().get(type) != simdjson::SUCCESS || type != json_type::null ||
+                    trim_right(value.raw_json_token()) != "null") {
+                    return fail(err, reason::invalid_field, "attribute 'data_base64' must be a base64 string");
+                }
             }
         } else if (name == "data") {
             ok = once(bit_data, name);
+            json_type type{};
+            if (ok && value.type().get(type) != simdjson::SUCCESS) {
+                return fail(err, reason::invalid_json, "attribute 'data' is not valid JSON");
+            }
             if (ok) {
                 // A scalar is its token; an object or array runs from its first token to the one after it.
                 const auto token = value.raw_json_token();
@@ -721,10 +771,7 @@ bool envelope_parser::parse(std::string_view text, envelope& out, parse_error& e
                 json_finding found;
                 const auto fault = validate(value, names, found);
                 if (fault == json_fault::repeated_name) {
-                    // Valid JSON (RFC 8259 only says names SHOULD be unique), but not a payload idem takes.
-                    return fail(err, reason::invalid_field,
-                                "attribute 'data' names member " + quoted(found.name) + " twice (in data" +
-                                    found.where + ")");
+                    return fail_repeated_member(err, found);
                 }
                 if (fault != json_fault::none || ((type == json_type::object || type == json_type::array) &&
                                                   doc.current_location().get(end) != simdjson::SUCCESS)) {
@@ -735,14 +782,21 @@ bool envelope_parser::parse(std::string_view text, envelope& out, parse_error& e
         } else {
             // An extension: idem ignores its value, but it must follow the CloudEvents rules.
             if (!is_attribute_name(name)) {
-                return fail(err, reason::invalid_field,
-                            "extension attribute name " + quoted(name) +
-                                " is not made of lower-case letters a-z and digits 0-9");
+                return fail(err, reason::invalid_field, "extension attribute name '", name,
+                            "' is not made of lower-case letters a-z and digits 0-9");
+            }
+            json_type type{};
+            if (value.type().get(type) != simdjson::SUCCESS) {
+                return fail(err, reason::invalid_json, "malformed value of attribute '", name, "'");
+            }
+            unset = type == json_type::null;
+            if (unset && trim_right(value.raw_json_token()) != "null") {
+                return fail(err, reason::invalid_json, "malformed value of attribute '", name, "'");
             }
             if (type == json_type::object || type == json_type::array) {
                 json_finding found;
                 if (validate(value, names, found) == json_fault::malformed) {
-                    return fail(err, reason::invalid_json, "malformed value of attribute " + quoted(name));
+                    return fail(err, reason::invalid_json, "malformed value of attribute '", name, "'");
                 }
             }
             ok = unset || check_extension(value, type, name, err);
@@ -756,11 +810,11 @@ bool envelope_parser::parse(std::string_view text, envelope& out, parse_error& e
         return fail(err, reason::invalid_json, "trailing content after the event object");
     }
     if (const auto repeated = find_repeated(names, 0)) {
-        return fail(err, reason::invalid_field, "attribute " + quoted(*repeated) + " appears twice");
+        return fail(err, reason::invalid_field, "attribute '", *repeated, "' appears twice");
     }
     if (specversion.data() != nullptr && specversion != "1.0") {
-        return fail(err, reason::unsupported_specversion,
-                    "specversion \"" + std::string(specversion) + "\" is not supported (only \"1.0\")");
+        return fail(err, reason::unsupported_specversion, "specversion \"", specversion,
+                    "\" is not supported (only \"1.0\")");
     }
     if (out.id.empty()) return fail(err, reason::missing_id, "attribute 'id' is missing or empty");
     if (out.source.empty()) return fail(err, reason::missing_source, "attribute 'source' is missing or empty");
