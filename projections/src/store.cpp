@@ -306,6 +306,15 @@ void prepare_parts(const store::impl& s, const envelope& ev, std::vector<part>& 
             out.failed = why;
             out.detail = describe(ev) + ", projection '" + proj.name() + "'" + what;
         };
+        if (ev.data_binary) {
+            // A typed handler reads JSON; data_base64 that is not JSON has no decoding into its type.
+            fail(reason::decode_failed,
+                 ": data does not decode as " + ev.type + ": it is binary (data_base64 of " +
+                     std::to_string(ev.data.size()) + " bytes, " +
+                     (ev.datacontenttype.empty() ? "no datacontenttype" : "datacontenttype '" + ev.datacontenttype + "'") +
+                     "), and a typed handler takes JSON data only");
+            continue;
+        }
         try {
             out.decoded = h->decode(ev.data);
         } catch (const std::exception& e) {

@@ -126,10 +126,10 @@ void hash_value(hasher& h, simdjson::dom::element e) {
 }  // namespace
 
 std::optional<std::uint64_t> parse_event_time(std::string_view s) noexcept {
-    // YYYY-MM-DDTHH:MM:SS[.fraction](Z|+HH:MM|-HH:MM), 't' and ' ' accepted for 'T', 'z' for 'Z'.
+    // YYYY-MM-DDTHH:MM:SS[.fraction](Z|+HH:MM|-HH:MM), 't' accepted for 'T', 'z' for 'Z' (RFC 3339).
     int year, month, day, hour, minute, second;
     if (s.size() < 20 || !digits(s, 0, 4, year) || s[4] != '-' || !digits(s, 5, 2, month) || s[7] != '-' ||
-        !digits(s, 8, 2, day) || (s[10] != 'T' && s[10] != 't' && s[10] != ' ') || !digits(s, 11, 2, hour) ||
+        !digits(s, 8, 2, day) || (s[10] != 'T' && s[10] != 't') || !digits(s, 11, 2, hour) ||
         s[13] != ':' || !digits(s, 14, 2, minute) || s[16] != ':' || !digits(s, 17, 2, second)) {
         return std::nullopt;
     }
@@ -186,6 +186,11 @@ std::uint64_t fingerprint(const envelope& ev) {
     } else {
         h.tag('t');
         h.str(ev.time);
+    }
+    if (ev.data_binary) {
+        h.tag('B');  // bytes of data_base64 that are not JSON; JSON ones were decoded into data
+        h.str(ev.data);
+        return h.done();
     }
     thread_local simdjson::dom::parser parser;
     auto doc = parser.parse(ev.data.data(), ev.data.size(), true);

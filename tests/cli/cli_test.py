@@ -461,7 +461,7 @@ class bad_input_test(cli_case):
     """What the user sees for each class of bad input (docs/BAD_INPUT.md)."""
 
     def bad_line(self, i, typ="order.line_added", data='{"order_id":"o","amount":1}', extra=""):
-        return f'{{"id":"x{i}","source":"/s","type":"{typ}","subject":"o"{extra},"data":{data}}}'.encode()
+        return f'{{"specversion":"1.0","id":"x{i}","source":"/s","type":"{typ}","subject":"o"{extra},"data":{data}}}'.encode()
 
     def test_every_bad_event_in_a_log_is_a_dead_letter_with_its_reason_and_where_it_was(self):
         lines = [
@@ -490,6 +490,17 @@ class bad_input_test(cli_case):
                                                         '"price":1,"exec_id":"E1"}'), "handler_failed",
              "handler threw: fill 'E1': side must be \"buy\" or \"sell\", got \"hold\""),
             (b'{"id":"x16\xff","source":"/s","type":"order.line_added"}', "invalid_utf8", "the body is not valid UTF-8"),
+            (b'{"id":"x17","source":"/s","type":"order.line_added"}', "missing_specversion",
+             "attribute 'specversion' is missing (CloudEvents 1.0 requires \"specversion\":\"1.0\")"),
+            (self.bad_line(18, extra=',"time":"2026-12-02 10:00:00Z"'), "invalid_field",
+             "attribute 'time' is not an RFC 3339 timestamp (like 2026-12-02T10:00:00Z): \"2026-12-02 10:00:00Z\""),
+            (self.bad_line(19, extra=',"traceId":"t"'), "invalid_field",
+             "extension attribute name 'traceId' is not made of lower-case letters a-z and digits 0-9"),
+            (self.bad_line(20, data='{"order_id":"o","amount":1,"amount":9}'), "invalid_field",
+             "attribute 'data' names member 'amount' twice (in data)"),
+            (self.bad_line(21, extra=',"datacontenttype":"image/png","data_base64":"AAEC"', data='null')[:-len(b',"data":null}')] + b'}',
+             "decode_failed", "it is binary (data_base64 of 3 bytes, datacontenttype 'image/png'), and a typed handler "
+                              "takes JSON data only"),
         ]
         log = self.path("bad.jsonl")
         offsets = []
@@ -506,6 +517,16 @@ class bad_input_test(cli_case):
         for i, (d, (_, _, says)) in enumerate(zip(letters, lines)):
             self.assertTrue(d["detail"].startswith(f"{log}:{i + 2} (byte offset {offsets[i]}): "), d["detail"])
             self.assertIn(says, d["detail"])
+
+    def test_a_byte_order_mark_before_the_first_line_is_skipped(self):
+        log = self.path("bom.jsonl")
+        with open(log, "wb") as f:
+            f.write(b"\xef\xbb\xbf" + self.bad_line(1, extra=',"sequence":1') + b"\n")
+            f.write(self.bad_line(2, extra=',"sequence":2') + b"\n")
+        out = json.loads(run("rebuild", "--db", self.path("db"), "--log", log).stdout)
+        self.assertEqual(out["outcomes"]["applied"], 2)
+        self.assertEqual(out["outcomes"]["dead_lettered"], 0)
+        self.assertEqual(out["outcomes"]["parked"], 0)
 
     def test_logs_that_cannot_be_read_exit_2_naming_the_file_and_the_cause(self):
         self.gen("a.jsonl", events=50)

@@ -26,7 +26,8 @@ void require(bool ok, const char* what, std::string_view input) {
 
 bool same(const idem::envelope& a, const idem::envelope& b) {
     return a.id == b.id && a.source == b.source && a.type == b.type && a.subject == b.subject &&
-           a.sequence == b.sequence && a.time == b.time && a.msgid == b.msgid && a.data == b.data;
+           a.sequence == b.sequence && a.time == b.time && a.msgid == b.msgid && a.data == b.data &&
+           a.datacontenttype == b.datacontenttype && a.data_binary == b.data_binary;
 }
 
 // What simdjson's DOM parser, which validates the whole document, makes of text: the oracle
@@ -50,7 +51,8 @@ void check_parse(idem::envelope_parser& parser, std::string_view text) {
     require(ok == (err.why == idem::reason::none), "parse() result and err.why disagree", text);
     // Never accept what is not one JSON object, never call one malformed. (A body with several
     // defects is rejected for the first one found, which need not be its syntax.)
-    const auto verdict = judge(text);
+    // A leading byte order mark is skipped by the parser, so the oracle judges what follows it.
+    const auto verdict = judge(text.starts_with("\xEF\xBB\xBF") ? text.substr(3) : text);
     const bool syntax = err.why == idem::reason::invalid_json || err.why == idem::reason::invalid_utf8;
     require(!(ok && (verdict == oracle::invalid || verdict == oracle::not_object)), "invalid JSON accepted", text);
     require(!(syntax && verdict == oracle::object), "a valid JSON object rejected as invalid_json or invalid_utf8", text);
@@ -61,14 +63,15 @@ void check_parse(idem::envelope_parser& parser, std::string_view text) {
     }
     require(!ev.id.empty() && !ev.source.empty() && !ev.type.empty(), "accepted without id, source or type", text);
     require(!ev.sequence || (*ev.sequence > 0 && !ev.subject.empty()), "accepted a bad sequence", text);
-    require(!ev.data.empty(), "accepted with empty data", text);
+    require(ev.data_binary || !ev.data.empty(), "accepted with empty JSON data", text);
     require(ev.message_id().size() > 1 && !idem::describe(ev).empty(), "empty identity", text);
 
     // The same text parsed again with a parser and an envelope that held another event.
     idem::envelope again;
     idem::parse_error again_err;
     static const std::string other =
-        R"({"id":"other-id","source":"/other","type":"t","subject":"s","sequence":7,"msgid":"m","time":"x","data":[1,2]})";
+        R"({"specversion":"1.0","id":"other-id","source":"/other","type":"t","subject":"s","sequence":7,"msgid":"m",)"
+        R"("time":"2026-12-02T10:00:00Z","datacontenttype":"image/png","data_base64":"AAEC"})";
     require(parser.parse(other, again, again_err), "the reference event does not parse", other);
     require(parser.parse(text, again, again_err) && same(ev, again), "a reused parser or envelope changes the result",
             text);
@@ -95,7 +98,13 @@ void check_json_string(idem::envelope_parser& parser, std::string_view bytes) {
         require(!ok && err.why == idem::reason::missing_id, "an empty id was not missing_id", bytes);
         return;
     }
-    require(ok, "append_json_string() output does not parse", json);
+    if (!ok) {
+        // Written as valid JSON, but an id with a control character is not a CloudEvents String.
+        require(err.why == idem::reason::invalid_field &&
+                    err.detail.find("which a CloudEvents String may not hold") != std::string::npos,
+                "append_json_string() output does not parse", json);
+        return;
+    }
     if (simdjson::validate_utf8(bytes.data(), bytes.size())) {
         require(back.id == bytes, "a valid UTF-8 string does not read back unchanged", bytes);
     }

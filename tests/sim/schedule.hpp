@@ -102,7 +102,7 @@ private:
         if (!e.msgid.empty()) add("msgid", e.msgid);
         parts.push_back("\"data\":" + data(e));
         if (variant) {
-            add("x-trace", "t" + std::to_string(pick(0, 1u << 30)));
+            add("xtrace", "t" + std::to_string(pick(0, 1u << 30)));
             std::shuffle(parts.begin(), parts.end(), rng_);
         }
         std::string out = "{";
@@ -159,8 +159,10 @@ private:
         case 3: return {R"({"id":")" + id + R"(","source":"/x","data":{}})", why::missing_type};
         case 4: return {R"({"id":42,)" + rest + "}", why::invalid_field};
         case 5: return {R"({"specversion":"0.3","id":")" + id + R"(",)" + rest + "}", why::unsupported_specversion};
-        case 6: return {R"({"id":")" + id + R"(","subject":"k0o1","sequence":"0",)" + rest + "}", why::invalid_sequence};
-        default: return {R"({"id":")" + id + R"(","sequence":3,)" + rest + "}", why::invalid_sequence};
+        case 6:
+            return {R"({"specversion":"1.0","id":")" + id + R"(","subject":"k0o1","sequence":"0",)" + rest + "}",
+                    why::invalid_sequence};
+        default: return {R"({"specversion":"1.0","id":")" + id + R"(","sequence":3,)" + rest + "}", why::invalid_sequence};
         }
     }
 

@@ -16,7 +16,7 @@ TEST_CASE("RFC 3339 event times parse to ns since the epoch, offsets and fractio
     CHECK(idem::parse_event_time("2024-02-29T00:00:00Z").has_value());
     for (const char* bad : {"", "2026-12-02", "2026-12-02T09:30:00", "2026-13-02T09:30:00Z", "2025-02-29T00:00:00Z",
                             "2026-12-02T25:00:00Z", "2026-12-02T09:30:00.Z", "2026-12-02T09:30:00Zjunk",
-                            "1969-12-31T23:59:59Z", "2026-12-02T09:30:00+1:00"}) {
+                            "1969-12-31T23:59:59Z", "2026-12-02T09:30:00+1:00", "2026-12-02 09:30:00Z"}) {
         CAPTURE(bad);
         CHECK_FALSE(idem::parse_event_time(bad).has_value());
     }
@@ -50,6 +50,24 @@ TEST_CASE("fingerprints ignore formatting and see every decoded change") {
     CHECK(changed([](idem::envelope& e) { e.sequence = 3; }));
     CHECK(changed([](idem::envelope& e) { e.time = "2026-12-02T09:30:01Z"; }));
     CHECK(idem::fingerprint_bytes("abc") != idem::fingerprint_bytes("abd"));
+}
+
+TEST_CASE("fingerprints tell binary data from JSON data with the same bytes") {
+    idem::envelope a;
+    a.id = "1";
+    a.source = "/s";
+    a.type = "t";
+    a.data = R"({"x":1})";
+    auto b = a;
+    b.data_binary = true;  // the same bytes, as data_base64 without a JSON content type
+    CHECK(idem::fingerprint(a) != idem::fingerprint(b));
+    auto c = b;
+    c.data = R"({"x":2})";
+    CHECK(idem::fingerprint(b) != idem::fingerprint(c));
+    // The content type is not content: JSON data is the same whether or not it was declared.
+    auto d = a;
+    d.datacontenttype = "application/json";
+    CHECK(idem::fingerprint(a) == idem::fingerprint(d));
 }
 
 TEST_CASE("durations parse and format as people write them") {

@@ -17,8 +17,9 @@ std::optional<std::uint64_t> parse_event_time(std::string_view text) noexcept;
 
 /// Returns a 64-bit fingerprint of an event's decoded content: id, source, type, subject,
 /// sequence, time (as an instant) and data as a JSON value (object members in key order,
-/// numbers by value, strings unescaped). Whitespace, member order, escapes and number
-/// spelling do not change it; any changed field or value does. Never 0.
+/// numbers by value, strings unescaped), or as bytes when it is binary. Whitespace, member
+/// order, escapes and number spelling do not change it, nor whether JSON data came as `data`
+/// or as `data_base64`; any changed field or value does. Never 0.
 std::uint64_t fingerprint(const envelope& ev);
 
 /// Returns the fingerprint of bytes that are not an envelope (a malformed body). Never 0.

@@ -17,7 +17,7 @@ enum class reason {
     missing_id,               ///< `id` absent or empty
     missing_source,           ///< `source` absent or empty
     missing_type,             ///< `type` absent or empty
-    invalid_field,            ///< a known attribute has the wrong JSON type, or appears twice
+    invalid_field,            ///< an attribute breaks a CloudEvents rule (type, value, name) or appears twice
     unsupported_specversion,  ///< `specversion` present and not "1.0"
     invalid_sequence,         ///< `sequence` not a positive integer, or without a `subject`
     missing_key,              ///< a projection found no aggregate key for the event
@@ -31,6 +31,7 @@ enum class reason {
     invalid_utf8,             ///< the body is not valid UTF-8
     late_event,               ///< older than the event-time horizon with no sequence to prove it new
     id_conflict,              ///< a message id already processed, redelivered with different content
+    missing_specversion,      ///< `specversion` absent or null (CloudEvents requires it)
 };
 
 /// Returns the stable text of a reason ("missing_id", ...).
@@ -46,13 +47,16 @@ struct envelope {
     std::optional<std::uint64_t> sequence; ///< 1-based position in the subject's stream
     std::string time;                      ///< RFC 3339 event time, as given
     std::string msgid;                     ///< transport message id extension; empty if absent
-    std::string data = "null";             ///< the `data` member as raw JSON text
+    std::string datacontenttype;           ///< media type of the data, as given; empty if absent
+    std::string data = "null";             ///< the `data` member as raw JSON text, or the bytes of binary data
+    bool data_binary = false;              ///< data holds bytes from `data_base64` that are not JSON
+
 
     /// Returns the event id: an unambiguous encoding of (source, id).
     std::string event_id() const;
     /// Returns the message id: `msgid` if present, else the event id (distinct namespaces).
     std::string message_id() const;
-    /// Serializes as a CloudEvents JSON object (data inserted verbatim).
+    /// Serializes as a CloudEvents JSON object (JSON data inserted verbatim, binary data as `data_base64`).
     std::string to_json() const;
 };
 
@@ -69,6 +73,14 @@ struct parse_error {
 };
 
 /// Parses CloudEvents JSON envelopes; reuse one per thread (it keeps its buffers).
+///
+/// The body is checked against CloudEvents 1.0 and its JSON format: `specversion`, `id`,
+/// `source` and `type` required, `null` read as unset, String values without control
+/// characters, `time` in RFC 3339, extension names of [a-z0-9], extension values a string,
+/// a boolean or a 32-bit integer, `data` xor `data_base64`, each name once (inside `data`
+/// too). `data_base64` is decoded: when `datacontenttype` declares JSON and the bytes are
+/// JSON, `data` holds that JSON text; otherwise `data` holds the bytes and `data_binary`
+/// is set. A leading UTF-8 byte order mark is skipped.
 class envelope_parser {
 public:
     envelope_parser();
@@ -87,5 +99,12 @@ private:
 /// Appends s as a JSON string literal (quoted, escaped); a byte that is not part of a complete
 /// UTF-8 sequence is written as \u00XX, so the output is valid JSON whatever s holds.
 void append_json_string(std::string& out, std::string_view s);
+
+/// Returns whether text is an RFC 3339 date-time ("2026-12-02T10:00:00.5+01:00"): a 'T' or
+/// 't' between date and time, seconds, an optional fraction, and 'Z', 'z' or ±hh:mm.
+bool is_rfc3339_timestamp(std::string_view text) noexcept;
+
+/// Returns whether a media type declares JSON: `*/json` or `*/*+json`, parameters ignored.
+bool is_json_media_type(std::string_view media_type) noexcept;
 
 }  // namespace idem
