@@ -27,6 +27,8 @@ std::string_view to_string(reason r) noexcept {
     case reason::invalid_utf8: return "invalid_utf8";
     case reason::late_event: return "late_event";
     case reason::id_conflict: return "id_conflict";
+    case reason::future_event: return "future_event";
+    case reason::transport_collision: return "transport_collision";
     }
     return "unknown";
 }
