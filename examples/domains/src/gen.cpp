@@ -895,7 +895,10 @@ private:
             text_.append(",\"id\":");
             append_uint(text_, s.event);
         } else if (!has_flaw(s, defect::missing_id)) {
+            // The seed is part of the id: two runs with different seeds are two sources whose events differ.
             text_.append(",\"id\":\"").append(id_prefix(s));
+            append_uint(text_, o_.seed);
+            text_.push_back('-');
             append_uint(text_, s.event);
             text_.push_back('"');
         }
@@ -916,7 +919,9 @@ private:
         append_time(text_, start_us + s.time_us);
         text_.push_back('"');
         if (s.msgid != 0) {
-            text_.append(",\"msgid\":\"m-");
+            // Transport ids are unique per domain: "orders-m-17". (Logs of the same domain still
+            // number alike; the inbox scopes each log's ids to its transport.)
+            text_.append(",\"msgid\":\"").append(o_.domain).append("-m-");
             append_uint(text_, s.msgid);
             text_.push_back('"');
         }
