@@ -235,6 +235,19 @@ TEST_SUITE("gen") {
         CHECK(disjoint(orders.second, orders2.second));
         CHECK(!disjoint(orders.first, orders2.first));  // one domain numbers its messages alike: the inbox scopes them
         CHECK(orders.first.begin()->starts_with("orders-m-"));
+        ex::gen_options o;
+        o.domain = "orders";
+        o.events = 100;
+        o.aggregates = 10;
+        o.malformed = 0;
+        o.key_prefix = "b-";
+        idem::envelope_parser parser;
+        ex::generate(o, [&](std::string_view line) {
+            idem::envelope e;
+            idem::parse_error err;
+            REQUIRE(parser.parse(line, e, err));
+            CHECK(e.subject.starts_with("b-order-"));
+        });
     }
 
     TEST_CASE("bad options are refused") {

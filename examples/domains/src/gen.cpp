@@ -720,6 +720,7 @@ private:
 
     // The aggregate's name as it appears in data and subject; a key_too_long defect makes it long.
     void append_key_name(const line_spec& s) {
+        if (s.what != op::grant && s.what != op::consume) text_.append(o_.key_prefix);
         switch (s.what) {
             case op::fill:
                 text_.append("acct-");
@@ -742,6 +743,7 @@ private:
         if (has_flaw(s, defect::invalid_utf8)) text_.append(bad_utf8);
     }
     void append_player(std::uint32_t row) {
+        text_.append(o_.key_prefix);
         text_.append("player-");
         append_uint(text_, row);
     }
