@@ -166,6 +166,7 @@ private:
     bool read_file(const std::string& source, const std::filesystem::path& path, const std::filesystem::path& file,
                    log_position start, bool follow) {
         const bool predecessor = file != path;
+        const std::string transport = options_.transport ? *options_.transport : log_transport(path);
         log_reader_options ro;
         ro.skip_bad = options_.skip_bad;
         ro.follow = follow;
@@ -196,6 +197,7 @@ private:
                 auto& d = batch_[used_++];
                 d.body.assign(record.body);
                 d.message_id.clear();
+                d.transport.assign(transport);  // the log's msgids count within its origin
                 d.line = lines_known ? record.line : 0;
                 d.offset = record.offset;
                 ++records_read_;
@@ -351,6 +353,20 @@ private:
 
 std::string log_source(const std::filesystem::path& log) {
     return "log:" + std::filesystem::absolute(log).lexically_normal().string();
+}
+
+std::string log_transport(const std::filesystem::path& log) {
+    // The file name without rotation suffixes ("events.jsonl.3", "events.jsonl-20261203"): the
+    // rotations of one log are one origin, whichever directory the files are read from.
+    std::string name = log.filename().string();
+    for (;;) {
+        const auto cut = name.find_last_of(".-");
+        if (cut == std::string::npos || cut == 0 || cut + 1 == name.size()) break;
+        const auto tail = std::string_view(name).substr(cut + 1);
+        if (!std::all_of(tail.begin(), tail.end(), [](char c) { return c >= '0' && c <= '9'; })) break;
+        name.resize(cut);
+    }
+    return name;
 }
 
 log_run_result build(const rebuild_options& options) {

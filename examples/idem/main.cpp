@@ -24,7 +24,8 @@ idem::cli::command gen_command() {
          {"reissue", "SHARE", "share re-sent under a new event id with the same effect key (default 0.01)"},
          {"reorder", "SHARE", "share of sequenced events delivered late (default 0.02)"},
          {"malformed", "SHARE", "share of defective lines, every kind in turn (default 0.001)"},
-         {"seed", "N", "random seed (default 1)"}},
+         {"seed", "N", "random seed (default 1)"},
+         {"key-prefix", "P", "prepended to every aggregate key (orders, accounts, matches, players)"}},
         [](const idem::cli::arguments& a) {
             idem::examples::gen_options o;
             o.domain = a.get("domain").value_or("trading");
@@ -42,6 +43,7 @@ idem::cli::command gen_command() {
                 if (share < 0 || share > 1) throw idem::cli::usage_error("shares are between 0 and 1");
             }
             o.seed = a.number("seed", o.seed);
+            o.key_prefix = a.get("key-prefix").value_or("");
             auto format = a.get("format").value_or("jsonl");
             if (format != "jsonl" && format != "binary") {
                 throw idem::cli::usage_error("option '--format': '" + format + "' is neither jsonl nor binary");

@@ -32,15 +32,27 @@ std::string_view to_string(outcome_kind k) noexcept {
     return "unknown";
 }
 
+std::string transport_message_id(std::string_view transport, std::string_view transport_id) {
+    if (transport.empty()) return transport_message_id(transport_id);
+    std::string out = "t";
+    out.append(std::to_string(transport.size()));
+    out.push_back(':');
+    out.append(transport);
+    out.append(transport_id);
+    return out;
+}
+
 namespace {
 
-// 2: inbox entries carry a fingerprint, commit and outcome; 3: changed rows go to a journal first
-constexpr std::uint32_t storage_format = 3;
+// 2: inbox entries carry a fingerprint, commit and outcome; 3: changed rows go to a journal first;
+// 4: inbox entries carry the event's identity too, and transport ids are keyed by their transport
+constexpr std::uint32_t storage_format = 4;
 constexpr std::string_view format_key = "format";
 constexpr std::string_view commit_key = "commit";
 
 std::string stats_key(std::string_view consumer) { return "stats/" + std::string(consumer); }
-// A consumer's retention clock: [highest event time seen][inbox floor], ns, u64 LE each.
+// A consumer's retention clock: [highest event time seen][inbox floor], ns, u64 LE each; then
+// [pending jump: lowest time][events that agree on it] (absent in stores written before).
 std::string clock_key(std::string_view consumer) { return "clock/" + std::string(consumer); }
 // The event time below which a projection's contributing sets were pruned, ns, u64 LE.
 std::string contrib_floor_key(std::string_view projection) { return "contrib-floor/" + std::string(projection); }
@@ -48,6 +60,8 @@ std::string contrib_floor_key(std::string_view projection) { return "contrib-flo
 struct clock_record {
     std::uint64_t event_time = 0;
     std::uint64_t inbox_floor = 0;
+    std::uint64_t jump_time = 0;   // events far ahead of event_time that may be a real jump: their lowest time
+    std::uint64_t jump_votes = 0;  // how many of them agree (0: none pending)
 };
 
 clock_record decode_clock(std::optional<std::string_view> v) {
@@ -56,6 +70,10 @@ clock_record decode_clock(std::optional<std::string_view> v) {
         c.event_time = codec::get_u64_le(*v);
         c.inbox_floor = codec::get_u64_le(v->substr(8));
     }
+    if (v && v->size() >= 32) {
+        c.jump_time = codec::get_u64_le(v->substr(16));
+        c.jump_votes = codec::get_u64_le(v->substr(24));
+    }
     return c;
 }
 
@@ -63,6 +81,8 @@ std::string encode_clock(const clock_record& c) {
     std::string out;
     codec::put_u64_le(out, c.event_time);
     codec::put_u64_le(out, c.inbox_floor);
+    codec::put_u64_le(out, c.jump_time);
+    codec::put_u64_le(out, c.jump_votes);
     return out;
 }
 
@@ -93,6 +113,10 @@ consumer_stats decode_stats(std::optional<std::string_view> v) {
         s.pruned_ids = codec::get_u64_le(v->substr((outcome_kinds + 4) * 8));
         s.pruned_contributors = codec::get_u64_le(v->substr((outcome_kinds + 5) * 8));
     }
+    if (v->size() >= (outcome_kinds + 8) * 8) {
+        s.transport_collisions = codec::get_u64_le(v->substr((outcome_kinds + 6) * 8));
+        s.future_events = codec::get_u64_le(v->substr((outcome_kinds + 7) * 8));
+    }
     return s;
 }
 
@@ -105,6 +129,8 @@ std::string encode_stats(const consumer_stats& s) {
     codec::put_u64_le(out, s.id_conflicts);
     codec::put_u64_le(out, s.pruned_ids);
     codec::put_u64_le(out, s.pruned_contributors);
+    codec::put_u64_le(out, s.transport_collisions);
+    codec::put_u64_le(out, s.future_events);
     return out;
 }
 
@@ -155,6 +181,23 @@ std::string truncate(std::string_view s, std::size_t n = 64) {
     return std::string(s.substr(0, n)) + "...";
 }
 
+// An inbox entry's identity word: the event id's hash, never 0 (0 marks a delivery without one).
+std::uint64_t event_identity(std::string_view event_id) { return id_log::hash_of(event_id) | 1; }
+
+// An inbox key as people write it: "m-17", "m-17 of transport 'orders.jsonl'", or the event id.
+std::string describe_message_id(std::string_view key) {
+    if (key.starts_with("t")) {
+        const auto colon = key.find(':');
+        std::size_t n = 0;
+        for (char c : key.substr(1, colon - 1)) n = n * 10 + static_cast<std::size_t>(c - '0');
+        if (colon != std::string_view::npos && colon + 1 + n <= key.size()) {
+            return "'" + truncate(key.substr(colon + 1 + n)) + "' of transport '" + truncate(key.substr(colon + 1, n)) +
+                   "'";
+        }
+    }
+    return "'" + truncate(key.substr(std::min<std::size_t>(1, key.size()))) + "'";
+}
+
 }  // namespace
 
 namespace {
@@ -171,6 +214,7 @@ struct store::impl {
     MDB_dbi parked = 0;
     MDB_dbi dead = 0;
     MDB_dbi checkpoints = 0;
+    MDB_dbi collisions = 0;
     std::unique_ptr<id_log> ids;  // the inbox
     std::vector<std::unique_ptr<projection_base>> projections;
     std::vector<MDB_dbi> tables;
@@ -206,7 +250,8 @@ struct store::impl {
         auto new_parked = env->table("parked/" + options.consumer);
         auto new_dead = env->table("deadletter/" + options.consumer);
         auto new_checkpoints = env->table("checkpoint/" + options.consumer);
-        auto new_ids = std::make_unique<id_log>(*env, "inbox/" + options.consumer, 2);
+        auto new_collisions = env->table("collision/" + options.consumer);
+        auto new_ids = std::make_unique<id_log>(*env, "inbox/" + options.consumer, 3);
         std::vector<MDB_dbi> new_tables;
         std::vector<std::unique_ptr<id_log>> new_contributors;
         std::vector<std::unique_ptr<detail::row_journal>> new_journals;
@@ -219,6 +264,7 @@ struct store::impl {
         parked = new_parked;
         dead = new_dead;
         checkpoints = new_checkpoints;
+        collisions = new_collisions;
         ids = std::move(new_ids);
         tables = std::move(new_tables);
         contributors = std::move(new_contributors);
@@ -252,6 +298,7 @@ struct prepared_batch::item {
     };
     std::string body;
     std::string transport_id;
+    std::string transport;   // the transport the id belongs to
     std::uint64_t line = 0;  // where it was read from a log (0: not from a log)
     std::uint64_t offset = 0;
     std::string message_id;  // the inbox key (set when the envelope parsed)
@@ -259,6 +306,7 @@ struct prepared_batch::item {
     std::uint64_t subject_hash = 0;  // the subject's hash in the batch's stream table
     std::optional<std::uint64_t> time_ns;  // the event time, if it has one that parses
     std::uint64_t fingerprint = 0;         // of the decoded content (or of the bytes, when malformed)
+    std::uint64_t identity = 0;            // of the event id (0: malformed, no event id)
     parse_error err;  // err.why != none: the envelope is rejected as a whole
     envelope ev;
     std::vector<part> parts;  // per projection handling ev.type, in the order projections were added
@@ -358,25 +406,32 @@ void prepare_parts(const store::impl& s, const envelope& ev, std::vector<part>& 
 void prepare_item(const store::impl& s, const delivery& d, prepared_batch::item& out, envelope_parser& parser) {
     out.body.assign(d.body);
     out.transport_id.assign(d.message_id);
+    out.transport.assign(d.transport);
     out.line = d.line;
     out.offset = d.offset;
     const auto limit = s.options.max_event_bytes;
     if (limit != 0 && d.body.size() > limit) {
         out.err = {reason::too_large, "the envelope has " + std::to_string(d.body.size()) +
                                           " bytes, over the limit of " + std::to_string(limit)};
+        out.identity = 0;
         out.time_ns.reset();
         out.fingerprint = fingerprint_bytes(out.body);
         out.parts.clear();
         return;
     }
     if (parser.parse(out.body, out.ev, out.err)) {
-        out.message_id = out.transport_id.empty() ? out.ev.message_id() : transport_message_id(out.transport_id);
+        // A transport id (the delivery's, else the envelope's msgid) counts within its transport.
+        const auto& transport_id = out.transport_id.empty() ? out.ev.msgid : out.transport_id;
+        out.message_id =
+            transport_id.empty() ? out.ev.message_id() : transport_message_id(out.transport, transport_id);
         out.message_hash = id_log::hash_of(out.message_id);
+        out.identity = event_identity(out.ev.event_id());
         out.subject_hash = std::hash<std::string_view>{}(out.ev.subject);
         out.time_ns = parse_event_time(out.ev.time);
         out.fingerprint = fingerprint(out.ev);
         prepare_parts(s, out.ev, out.parts);
     } else {
+        out.identity = 0;
         out.time_ns.reset();
         out.fingerprint = fingerprint_bytes(out.body);
         out.parts.clear();
@@ -519,6 +574,10 @@ private:
     };
 
     outcome deliver(const prepared_batch::item& d);
+    bool ahead(std::uint64_t time);
+    bool holds(std::size_t p, const std::string& contributor, std::uint64_t hash) const;
+    bool future_guarded() const;
+    outcome future_event(const envelope& ev, std::uint64_t time, std::string_view message_id, std::string_view body);
     outcome process(const envelope& ev, std::optional<std::uint64_t> time, std::string_view message_id,
                     std::string_view body, const std::vector<part>& parts);
     std::optional<outcome> late(const envelope& ev, std::optional<std::uint64_t> time, std::string_view message_id,
@@ -536,6 +595,7 @@ private:
     std::optional<std::string> parked_value(const std::string& key) const;
     void write_rows();
     void write_dead_letters();
+    void write_collisions();
 
 
     store::impl& s_;
@@ -544,12 +604,14 @@ private:
     std::uint64_t time_ns_ = s_.wall_now();
     clock_record clock_;                         // the consumer's event time and inbox floor
     std::uint64_t clock_before_ = 0;             // the event time before the delivery being applied
+    bool future_ = false;                        // the delivery being applied is too far ahead of it
     std::vector<std::uint64_t> contrib_floors_;  // per projection: its contributing sets were pruned below this
     std::deque<string_table<row_slot>> rows_;  // per projection: the rows this batch touched
     string_table<stream_state> streams_;
     bool parked_possible_ = false;  // the parked table or this batch holds an event: release_parked must look
     std::map<std::string, std::optional<std::string>> parked_;  // nullopt: deleted in this batch
     std::vector<std::string> dead_letters_;
+    std::vector<std::string> collisions_;  // transport collisions seen, encoded as dead letters are
     std::size_t row_bytes_ = 0;  // an estimate of the memory rows_ holds
     const prepared_batch::item* current_ = nullptr;  // the delivery being applied (null: a released parked event)
     std::string source_;                              // where the batch was read from, if from a log
@@ -575,40 +637,107 @@ outcome batch_run::deliver(const prepared_batch::item& d) {
     const bool malformed = d.err.why != reason::none;
     // Without a valid envelope only a transport id can identify a redelivery.
     std::string transport;
-    if (malformed && !d.transport_id.empty()) transport = transport_message_id(d.transport_id);
+    if (malformed && !d.transport_id.empty()) transport = transport_message_id(d.transport, d.transport_id);
     const std::string& message_id = malformed ? transport : d.message_id;
     const auto hash = malformed ? id_log::hash_of(message_id) : d.message_hash;
     auto label = [&] { return malformed ? std::string("message") : describe(d.ev) + ": message"; };
+    std::optional<std::string> collision;  // the transport id was first used by another event
     if (!message_id.empty()) {
         if (auto first = s_.ids->find(txn_, message_id, hash)) {
             const auto first_commit = first->position == 0 ? commit_ : first->extra[1] >> 8;
-            if (first->extra[0] != 0 && first->extra[0] != d.fingerprint) {
+            if (first->extra[2] != d.identity && !message_id.starts_with("e")) {
+                // A transport id is unique within its transport only as far as the transport keeps
+                // it so: another event under it is reported, and judged on its own as a new message.
+                ++stats.transport_collisions;
+                collision = label() + " " + describe_message_id(message_id) + " was first used in commit " +
+                            std::to_string(first_commit) +
+                            " by another event: a transport id collision, judged as a new message";
+            } else if (first->extra[0] != 0 && first->extra[0] != d.fingerprint) {
                 // Same id, other content: the first effect stands; this one is kept for the operator.
                 ++stats.id_conflicts;
                 return dead(reason::id_conflict,
-                            label() + " '" + truncate(message_id.substr(1)) + "' was first processed in commit " +
+                            label() + " " + describe_message_id(message_id) + " was first processed in commit " +
                                 std::to_string(first_commit) + " with other content (fingerprint " +
                                 std::to_string(first->extra[0]) + ", this delivery " + std::to_string(d.fingerprint) +
                                 "); the first effect stands",
                             message_id, d.body);
+            } else {
+                return outcome{outcome_kind::duplicate_message, reason::none,
+                               label() + " " + describe_message_id(message_id) + " already processed in commit " +
+                                   std::to_string(first_commit),
+                               0};
             }
-            return outcome{outcome_kind::duplicate_message, reason::none,
-                           label() + " '" + truncate(message_id.substr(1)) + "' already processed in commit " +
-                               std::to_string(first_commit),
-                           0};
         }
     }
     clock_before_ = clock_.event_time;
-    if (d.time_ns) {
-        const auto limit = time_ns_ + count_ns(s_.options.retention.max_clock_skew);
-        clock_.event_time = std::max(clock_.event_time, std::min(*d.time_ns, limit));
-    }
+    future_ = d.time_ns && ahead(*d.time_ns);
+    if (d.time_ns && !future_) clock_.event_time = std::max(clock_.event_time, *d.time_ns);
     const auto stamp = s_.options.retention.clock == retention_clock::event ? clock_.event_time : time_ns_;
-    if (!message_id.empty()) s_.ids->stage(message_id, stamp, hash);
+    // A collision's id is in the inbox already (the first event's); this event is not recorded under it.
+    const bool record = !message_id.empty() && !collision;
+    if (record) s_.ids->stage(message_id, stamp, hash);
     auto result = malformed ? dead(d.err.why, "malformed event: " + d.err.detail, message_id, d.body)
                             : process(d.ev, d.time_ns, message_id, d.body, d.parts);
-    if (!message_id.empty()) s_.ids->annotate_last({d.fingerprint, inbox_word(commit_, result.kind)});
+    if (record) s_.ids->annotate_last({d.fingerprint, inbox_word(commit_, result.kind), d.identity});
+    if (collision) {
+        *collision += ": " + std::string(to_string(result.kind)) +
+                      (result.why != reason::none ? " (" + std::string(to_string(result.why)) + ")" : std::string());
+        collisions_.push_back(encode_dead_letter(reason::transport_collision, *collision, message_id, d.body, time_ns_));
+        result.detail = result.detail.empty() ? *collision : *collision + "; " + result.detail;
+    }
     return result;
+}
+
+bool batch_run::holds(std::size_t p, const std::string& contributor, std::uint64_t hash) const {
+    // An entry counts until the horizon (as of the delivery being judged) passes its stamp, whether
+    // or not a prune step has removed it yet: outcomes never depend on when pruning ran, so batch
+    // sizes and a rebuild give the same ones. An expired entry may have been recorded again since.
+    auto e = s_.contributors[p]->find(txn_, contributor, hash);
+    if (!e) return false;
+    const auto& lateness = s_.options.retention.allowed_lateness;
+    if (!lateness || clock_before_ <= count_ns(*lateness)) return true;
+    const auto horizon = clock_before_ - count_ns(*lateness);
+    if (e->stamp >= horizon) return true;
+    e = s_.contributors[p]->find_newest(txn_, contributor, hash);
+    return e && e->stamp >= horizon;
+}
+
+bool batch_run::future_guarded() const {
+    const auto& r = s_.options.retention;
+    return r.max_future_skew && (r.allowed_lateness || (r.inbox_retention && r.clock == retention_clock::event));
+}
+
+outcome batch_run::future_event(const envelope& ev, std::uint64_t time, std::string_view message_id,
+                                std::string_view body) {
+    ++stats.future_events;
+    return dead(reason::future_event,
+                describe(ev) + ": event time " + ev.time + " is " + std::to_string((time - clock_.event_time) / 1'000'000) +
+                    " ms ahead of the consumer's event time, more than the allowed skew of " +
+                    format_duration(*s_.options.retention.max_future_skew) +
+                    "; it did not move the event-time horizon",
+                message_id, body);
+}
+
+bool batch_run::ahead(std::uint64_t time) {
+    // An event far ahead of the consumer's event time is held against it (one bad clock must not
+    // move the horizon for everyone) until enough such events agree that the source jumped forward.
+    const auto& r = s_.options.retention;
+    if (!future_guarded() || clock_.event_time == 0) return false;
+    const auto skew = count_ns(*r.max_future_skew);
+    if (time <= clock_.event_time || time - clock_.event_time <= skew) return false;
+    const auto lo = std::min(time, clock_.jump_time);
+    const auto hi = std::max(time, clock_.jump_time);
+    if (clock_.jump_votes != 0 && hi - lo <= skew) {
+        clock_.jump_time = lo;
+        ++clock_.jump_votes;
+    } else {
+        clock_.jump_time = time;
+        clock_.jump_votes = 1;
+    }
+    if (clock_.jump_votes < std::max<std::uint32_t>(1, r.future_confirmations)) return true;
+    clock_.jump_time = 0;
+    clock_.jump_votes = 0;
+    return false;
 }
 
 std::optional<outcome> batch_run::late(const envelope& ev, std::optional<std::uint64_t> time,
@@ -640,6 +769,7 @@ std::optional<outcome> batch_run::late(const envelope& ev, std::optional<std::ui
 outcome batch_run::process(const envelope& ev, std::optional<std::uint64_t> time, std::string_view message_id,
                            std::string_view body, const std::vector<part>& parts) {
     if (!ev.sequence) {
+        if (future_) return future_event(ev, *time, message_id, body);
         if (!parts.empty()) {
             if (auto rejected = late(ev, time, message_id, body, parts)) return std::move(*rejected);
         }
@@ -698,7 +828,7 @@ outcome batch_run::process(const envelope& ev, std::optional<std::uint64_t> time
     }
     // A dead-lettered event still moves its stream on: it is kept for the operator, and
     // holding every later event of the stream behind it would stall the aggregate.
-    auto result = apply_projections(ev, message_id, body, &parts);
+    auto result = future_ ? future_event(ev, *time, message_id, body) : apply_projections(ev, message_id, body, &parts);
     st = stream_state{std::max(highest, seq), true};
     release_parked(ev.subject);
     return result;
@@ -721,7 +851,12 @@ void batch_run::release_parked(const std::string& subject) {
             throw_error(errc::corrupt_record, "parked event of '" + subject + "' no longer parses: " + err.detail);
         }
         const auto* delivering = std::exchange(current_, nullptr);  // a released event was read elsewhere
-        auto result = apply_projections(ev, message_id, rest, nullptr);
+        // Judged against the event time as it is now: parked, it did not move it.
+        const auto time = parse_event_time(ev.time);
+        const auto& skew = s_.options.retention.max_future_skew;
+        const bool far_ahead = time && skew && future_guarded() && clock_.event_time != 0 &&
+                               *time > clock_.event_time && *time - clock_.event_time > count_ns(*skew);
+        auto result = far_ahead ? future_event(ev, *time, message_id, rest) : apply_projections(ev, message_id, rest, nullptr);
         current_ = delivering;
         ++stats.released;
         st = stream_state{highest + 1, true};
@@ -762,7 +897,7 @@ outcome batch_run::apply_projections(const envelope& ev, std::string_view messag
             auto& slot = load_row(p, key, pt.key_hashes[k]);
             const bool own_stream = ev.sequence && key == ev.subject;
             if (own_stream && *ev.sequence <= slot.header.highest_sequence) continue;
-            if (s_.contributors[p]->contains(txn_, contributor, pt.contributor_hashes[k])) continue;
+            if (holds(p, contributor, pt.contributor_hashes[k])) continue;
             auto copy = slot.state->clone();
             m.key = key;
             try {
@@ -891,6 +1026,15 @@ void batch_run::write_dead_letters() {
     dead_letters_.clear();
 }
 
+void batch_run::write_collisions() {
+    if (collisions_.empty()) return;
+    cursor c{txn_, s_.collisions};
+    auto last = c.last();
+    std::uint64_t position = last ? codec::get_u64_be(last->first) + 1 : 1;
+    for (const auto& d : collisions_) txn_.put(s_.collisions, codec::u64_key(position++), d, MDB_APPEND);
+    collisions_.clear();
+}
+
 void batch_run::spill(std::size_t budget) {
     // The index learns the written ids before the commit; abandon_bulk() rebuilds it from disk.
     for (auto& c : s_.contributors) {
@@ -900,6 +1044,7 @@ void batch_run::spill(std::size_t budget) {
     s_.ids->write(txn_);
     s_.ids->committed();
     write_dead_letters();
+    write_collisions();
     if (row_bytes_ > budget) {
         write_rows();
         for (auto& t : rows_) t.clear();
@@ -936,6 +1081,7 @@ void batch_run::finish() {
     for (auto& c : s_.contributors) c->write(txn_);
     s_.ids->write(txn_);
     write_dead_letters();
+    write_collisions();
     std::vector<std::pair<std::string_view, std::uint64_t>> dirty_streams;
     for (const auto& e : streams_.entries()) {
         if (e.value.dirty) dirty_streams.emplace_back(e.key, e.value.highest);
@@ -1148,6 +1294,12 @@ store::store(store_options options) : impl_(std::make_unique<impl>()) {
                         " is shorter than the source's redelivery bound of " + format_duration(r.source->bound) +
                         (r.source->what.empty() ? std::string() : " (" + r.source->what + ")") +
                         ": ids would be pruned while the source may still redeliver them");
+    }
+    if (r.resend_within && r.allowed_lateness && *r.allowed_lateness < *r.resend_within) {
+        throw_error(errc::invalid_argument,
+                    "'" + o.path.string() + "': allowed_lateness of " + format_duration(*r.allowed_lateness) +
+                        " is shorter than the source's re-send delay of " + format_duration(*r.resend_within) +
+                        ": a re-sent event's effect key could be forgotten before the copy arrives, and be applied twice");
     }
     environment_options eo;
     eo.map_size = std::min(o.map_size, o.max_map_size);
@@ -1465,7 +1617,7 @@ std::optional<snapshot::inbox_record> snapshot::inbox_lookup(std::string_view co
     cursor c{txn_, *t};
     for (auto e = c.first(); e; e = c.next()) {
         const auto& v = e->second;
-        if (v.size() < 24 || v.substr(24) != message_id) continue;
+        if (v.size() < 32 || v.substr(32) != message_id) continue;
         inbox_record r;
         r.stamp = codec::get_u64_le(v);
         r.fingerprint = codec::get_u64_le(v.substr(8));
@@ -1522,6 +1674,15 @@ std::size_t snapshot::contributor_entries(std::string_view projection) const {
 std::uint64_t snapshot::contributor_floor(std::string_view projection) const {
     auto m = table("meta");
     return m ? get_u64_or_zero(txn_.get(*m, contrib_floor_key(projection))) : 0;
+}
+
+std::vector<dead_letter> snapshot::collisions(std::string_view consumer) const {
+    std::vector<dead_letter> out;
+    auto t = table("collision/" + std::string(consumer));
+    if (!t) return out;
+    cursor c{txn_, *t};
+    for (auto e = c.first(); e; e = c.next()) out.push_back(decode_dead_letter(codec::get_u64_be(e->first), e->second));
+    return out;
 }
 
 std::vector<dead_letter> snapshot::dead_letters(std::string_view consumer) const {

@@ -36,6 +36,8 @@ std::string_view to_string(reason r) noexcept {
     case reason::late_event: return "late_event";
     case reason::id_conflict: return "id_conflict";
     case reason::missing_specversion: return "missing_specversion";
+    case reason::future_event: return "future_event";
+    case reason::transport_collision: return "transport_collision";
     }
     return "unknown";
 }

@@ -244,6 +244,33 @@ std::optional<id_log::entry> id_log::indexed(const txn_base& txn, std::string_vi
     return std::nullopt;
 }
 
+std::optional<id_log::entry> id_log::find_newest(const txn_base& txn, std::string_view id, std::uint64_t hash) const {
+    if (!staged_.empty()) {
+        // Staged entries are newer than any in the log; among them the one staged last.
+        const staged_id* newest = nullptr;
+        std::size_t mask = staged_slots_.size() - 1;
+        for (std::size_t i = static_cast<std::size_t>(hash) & mask; staged_slots_[i] != 0; i = (i + 1) & mask) {
+            const auto& s = staged_[staged_slots_[i] - 1];
+            if (s.hash == hash && s.id == id && (newest == nullptr || &s > newest)) newest = &s;
+        }
+        if (newest != nullptr) return entry{0, newest->stamp, newest->extra};
+    }
+    std::optional<entry> best;
+    for (const auto* table : {&slots_, &draining_}) {
+        const auto& t = *table;
+        if (t.empty()) continue;
+        std::size_t mask = t.size() - 1;
+        for (std::size_t i = static_cast<std::size_t>(hash) & mask; t[i].position != 0; i = (i + 1) & mask) {
+            if (t[i].hash != hash || !live(t[i])) continue;
+            auto position = t[i].position - 1;
+            if (best && best->position >= position) continue;
+            auto value = txn.get(table_, codec::u64_key(position));
+            if (value && value->size() >= 8 * (1 + extra_words_) && id_of(*value) == id) best = decode(position, *value);
+        }
+    }
+    return best;
+}
+
 const id_log::staged_id* id_log::staged(std::string_view id, std::uint64_t hash) const {
     if (staged_.empty()) return nullptr;
     std::size_t mask = staged_slots_.size() - 1;

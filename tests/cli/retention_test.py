@@ -7,8 +7,10 @@ usage: retention_test.py PATH/TO/idem
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import time
 import unittest
 
 import cli_test
@@ -127,6 +129,168 @@ class retention_cli_test(cli_case):
                 "--inbox-retention", "200ms", "--allowed-lateness", "1h")
             self.assertEqual(self.dump(db, "positions"), reference, f"killed at prune {n}")
         self.assertGreaterEqual(kills, 5)
+
+
+def totals_of(domain, dump_text):
+    """A domain's totals summed from its dumped rows, as `idem gen` prints them."""
+    rows = cli_test.jsonl(dump_text)
+    if domain == "trading":
+        return {"positions": len(rows), "fills": sum(r["version"] for r in rows),
+                "qty": sum(r["state"]["qty"] for r in rows), "cost": sum(r["state"]["cost"] for r in rows),
+                "realized_pnl": sum(r["state"]["realized_pnl"] for r in rows)}
+    return {"orders": len(rows), "lines": sum(r["state"]["lines"] for r in rows),
+            "total": sum(r["state"]["total"] for r in rows)}
+
+
+def gen_totals(result):
+    t = result["totals"]
+    return json.loads(t) if isinstance(t, str) else t
+
+
+class identity_and_time_cli_test(cli_case):
+    """Transport ids scoped to their log, an event-time horizon an outlier cannot move, and
+    lateness outcomes that do not depend on batch sizes."""
+
+    def write_log(self, name, lines):
+        with open(self.path(name), "w") as f:
+            f.write("\n".join(lines) + "\n")
+        return self.path(name)
+
+    def reasons(self, db):
+        return [d["reason"] for d in cli_test.jsonl(run("deadletters", "--db", db).stdout)]
+
+    def test_two_logs_numbering_their_messages_alike_keep_every_event(self):
+        # Both domains' logs carry msgids; the inbox keys each log's by its file name.
+        trading = self.gen("trading.jsonl", domain="trading", events=6000, aggregates=300)
+        orders = self.gen("orders.jsonl", domain="orders", events=6000, aggregates=300)
+        for how in ("consume", "rebuild"):
+            with self.subTest(how=how):
+                db = self.path("both-" + how)
+                run(how, "--db", db, "--log", self.path("trading.jsonl"), "--log", self.path("orders.jsonl"),
+                    "--durability" if how == "consume" else "--batch", "none" if how == "consume" else 10000)
+                self.assertEqual(totals_of("trading", self.dump(db, "positions")), gen_totals(trading))
+                self.assertEqual(totals_of("orders", self.dump(db, "order-totals")), gen_totals(orders))
+                stats = self.stats(db)
+                self.assertEqual(stats["parked"], 0)
+                self.assertEqual(stats["retention"]["id_conflicts"], 0)
+                self.assertNotIn("id_conflict", self.reasons(db))
+        # Two logs of one domain, other seeds and orders: msgids "orders-m-1, ..." in both.
+        a = self.gen("orders-a.jsonl", domain="orders", events=5000, aggregates=200, seed=7)
+        b = self.gen("orders-b.jsonl", domain="orders", events=5000, aggregates=200, seed=8, **{"key-prefix": "b-"})
+        for transport in (None, "one-broker"):
+            with self.subTest(transport=transport):
+                db = self.path("orders-%s" % transport)
+                extra = ["--transport", transport] if transport else []
+                run("consume", "--db", db, "--log", self.path("orders-a.jsonl"), "--log", self.path("orders-b.jsonl"),
+                    "--durability", "none", *extra)
+                got = totals_of("orders", self.dump(db, "order-totals"))
+                ta, tb = gen_totals(a), gen_totals(b)
+                self.assertEqual(got, {k: ta[k] + tb[k] for k in ta})
+                stats = self.stats(db)
+                self.assertEqual(stats["parked"], 0)
+                self.assertEqual(stats["retention"]["id_conflicts"], 0)
+                self.assertNotIn("id_conflict", self.reasons(db))
+                collisions = cli_test.jsonl(run("deadletters", "--db", db, "--collisions").stdout)
+                self.assertEqual(len(collisions), stats["retention"]["transport_collisions"])
+                if transport:
+                    # One transport carrying both: its reused ids are reported, each judged as a new message.
+                    self.assertGreater(len(collisions), 100)
+                    self.assertEqual(collisions[0]["reason"], "transport_collision")
+                    self.assertEqual(collisions[0]["transport"], "one-broker")
+                    self.assertTrue(collisions[0]["message_id"].startswith("orders-m-"))
+                    self.assertIn("first used in commit", collisions[0]["detail"])
+                    src, eid = collisions[0]["envelope"]["source"], collisions[0]["envelope"]["id"]
+                    self.assertEqual(self.why(db, "--event", src + "/" + eid)["answer"], "transport_collision")
+                    m = self.why(db, "--message", collisions[0]["message_id"], "--transport", "one-broker")
+                    self.assertIn("transport collisions", m["detail"])
+                else:
+                    self.assertEqual(collisions, [])
+
+    def why(self, db, *args):
+        return json.loads(run("why", "--db", db, *args).stdout)
+
+    def test_a_consume_after_a_rebuild_continues_its_inbox_across_rotations(self):
+        r = self.gen("orders.jsonl", domain="orders", events=3000, aggregates=100, malformed=0)
+        db = self.path("db")
+        run("rebuild", "--db", db, "--log", self.path("orders.jsonl"))
+        before = self.stats(db)
+        # The same log rotated: another path, the same origin, so the same transport.
+        rotated = self.path("orders.jsonl.1")
+        with open(self.path("orders.jsonl"), "rb") as f, open(rotated, "wb") as g:
+            g.write(f.read())
+        run("consume", "--db", db, "--log", rotated, "--durability", "none")
+        after = self.stats(db)
+        self.assertEqual(after["outcomes"]["duplicate_message"] - before["outcomes"]["duplicate_message"], r["lines"])
+        for k in ("applied", "duplicate_event", "dead_lettered", "parked"):
+            self.assertEqual(after["outcomes"][k], before["outcomes"][k], k)
+        self.assertEqual(totals_of("orders", self.dump(db, "order-totals")), gen_totals(r))
+
+    def outlier_logs(self):
+        lines, times = [], []
+        for i in range(1500):
+            t = 1764662400 + i * 5  # 2025-12-02T08:00:00Z on, every 5 s
+            times.append(t)
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+            lines.append(event("l-%d" % i, "o%d" % (i % 11), i + 1, stamp, msgid="m-%d" % i))
+            if i % 4 == 0 and i >= 60:  # re-sent under a new message id 5 minutes later
+                lines.append(event("l-%d" % (i - 60), "o%d" % ((i - 60) % 11), i - 59,
+                                   time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t - 300)), msgid="r-%d" % i))
+        plain = self.write_log("plain.jsonl", lines)
+        lines.insert(700, event("from-2099", "o-future", 1000, "2099-01-01T00:00:00Z", msgid="m-2099"))
+        return plain, self.write_log("outlier.jsonl", lines)
+
+    def test_one_event_stamped_2099_does_not_move_the_horizon(self):
+        plain, outlier = self.outlier_logs()
+        ref = self.path("plain")
+        run("rebuild", "--db", ref, "--log", plain, "--allowed-lateness", "1h", "--transport", "src")
+        expected = self.dump(ref, "order-totals")
+        self.assertEqual(self.stats(ref)["retention"]["late_events"], 0)
+        runs = [("rebuild", None), ("consume", None)]
+        if shutil.which("faketime"):
+            runs += [("rebuild", "2031-06-01 00:00:00"), ("rebuild", "2024-01-01 00:00:00")]
+        else:
+            print("faketime not installed: the wall-clock variants are skipped (identity_test.cpp covers them)")
+        for how, fake in runs:
+            with self.subTest(how=how, clock=fake):
+                db = self.path("%s-%s" % (how, fake))
+                args = [cli_test.IDEM, how, "--db", db, "--log", outlier, "--allowed-lateness", "1h",
+                        "--transport", "src", "--batch", "100"]
+                if fake:
+                    args = ["faketime", fake] + args
+                p = subprocess.run(args, capture_output=True, text=True, timeout=300)
+                self.assertEqual(p.returncode, 0, p.stderr)
+                self.assertEqual(self.dump(db, "order-totals"), expected)
+                stats = self.stats(db)
+                self.assertEqual(stats["retention"]["late_events"], 0)
+                self.assertEqual(stats["retention"]["future_events"], 1)
+                self.assertEqual(self.reasons(db), ["future_event"])
+                self.assertEqual(stats["retention"]["event_time"], self.stats(ref)["retention"]["event_time"])
+
+    def test_lateness_outcomes_do_not_depend_on_batch_size(self):
+        # Drop copies re-send fills under a new event id, stamped when re-sent (up to ~4 s later).
+        r = self.gen("fills.jsonl", domain="trading", events=3000, aggregates=100, reissue=0.2, republish=0.05)
+        log = self.path("fills.jsonl")
+        for lateness in ("0s", "2s", "10s"):
+            with self.subTest(lateness=lateness):
+                results = []
+                for how, batch in (("rebuild", 10000), ("consume", 1), ("consume", 20), ("consume", 1000)):
+                    db = self.path("%s-%s-%d" % (lateness, how, batch))
+                    args = [how, "--db", db, "--log", log, "--allowed-lateness", lateness, "--batch", batch]
+                    if how == "consume":
+                        args += ["--durability", "none"]
+                    run(*args)
+                    s = self.stats(db)
+                    results.append((self.dump(db, "positions"), s["outcomes"], s["retention"]["late_events"]))
+                for other in results[1:]:
+                    self.assertEqual(other[0], results[0][0])
+                    self.assertEqual(other[1], results[0][1])
+                    self.assertEqual(other[2], results[0][2])
+                if lateness == "10s":  # longer than any re-send: each fill counts once
+                    self.assertEqual(totals_of("trading", results[0][0]), gen_totals(r))
+        p = run("rebuild", "--db", self.path("refused"), "--log", log, "--allowed-lateness", "1s",
+                "--resend-within", "5s", check=False)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn("re-send delay of 5s", p.stderr)
 
 
 if __name__ == "__main__":

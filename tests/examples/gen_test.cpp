@@ -203,7 +203,51 @@ TEST_SUITE("gen") {
         }
         CHECK(with_msgid > lines.size() / 3);
         CHECK(sequenced > lines.size() * 9 / 10);
-        CHECK(lines.front().starts_with(R"({"specversion":"1.0","id":"fill-1","source":"/venue/)"));
+        CHECK(lines.front().starts_with(R"({"specversion":"1.0","id":"fill-1-1","source":"/venue/)"));
+    }
+
+    TEST_CASE("transport ids are unique per domain, event ids per seed") {
+        auto ids_of = [](const std::string& domain, std::uint64_t seed) {
+            ex::gen_options o;
+            o.domain = domain;
+            o.events = 2'000;
+            o.aggregates = 100;
+            o.malformed = 0;
+            o.seed = seed;
+            std::set<std::string> msgids, events;
+            idem::envelope_parser parser;
+            ex::generate(o, [&](std::string_view line) {
+                idem::envelope e;
+                idem::parse_error err;
+                REQUIRE(parser.parse(line, e, err));
+                if (!e.msgid.empty()) msgids.insert(e.msgid);
+                events.insert(e.event_id());
+            });
+            return std::pair{msgids, events};
+        };
+        auto disjoint = [](const std::set<std::string>& a, const std::set<std::string>& b) {
+            return std::none_of(a.begin(), a.end(), [&](const std::string& x) { return b.contains(x); });
+        };
+        const auto trading = ids_of("trading", 1), orders = ids_of("orders", 1), orders2 = ids_of("orders", 2);
+        CHECK(!trading.first.empty());
+        CHECK(disjoint(trading.first, orders.first));
+        CHECK(disjoint(trading.second, orders.second));
+        CHECK(disjoint(orders.second, orders2.second));
+        CHECK(!disjoint(orders.first, orders2.first));  // one domain numbers its messages alike: the inbox scopes them
+        CHECK(orders.first.begin()->starts_with("orders-m-"));
+        ex::gen_options o;
+        o.domain = "orders";
+        o.events = 100;
+        o.aggregates = 10;
+        o.malformed = 0;
+        o.key_prefix = "b-";
+        idem::envelope_parser parser;
+        ex::generate(o, [&](std::string_view line) {
+            idem::envelope e;
+            idem::parse_error err;
+            REQUIRE(parser.parse(line, e, err));
+            CHECK(e.subject.starts_with("b-order-"));
+        });
     }
 
     TEST_CASE("bad options are refused") {

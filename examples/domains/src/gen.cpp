@@ -720,6 +720,7 @@ private:
 
     // The aggregate's name as it appears in data and subject; a key_too_long defect makes it long.
     void append_key_name(const line_spec& s) {
+        if (s.what != op::grant && s.what != op::consume) text_.append(o_.key_prefix);
         switch (s.what) {
             case op::fill:
                 text_.append("acct-");
@@ -742,6 +743,7 @@ private:
         if (has_flaw(s, defect::invalid_utf8)) text_.append(bad_utf8);
     }
     void append_player(std::uint32_t row) {
+        text_.append(o_.key_prefix);
         text_.append("player-");
         append_uint(text_, row);
     }
@@ -895,7 +897,10 @@ private:
             text_.append(",\"id\":");
             append_uint(text_, s.event);
         } else if (!has_flaw(s, defect::missing_id)) {
+            // The seed is part of the id: two runs with different seeds are two sources whose events differ.
             text_.append(",\"id\":\"").append(id_prefix(s));
+            append_uint(text_, o_.seed);
+            text_.push_back('-');
             append_uint(text_, s.event);
             text_.push_back('"');
         }
@@ -916,7 +921,9 @@ private:
         append_time(text_, start_us + s.time_us);
         text_.push_back('"');
         if (s.msgid != 0) {
-            text_.append(",\"msgid\":\"m-");
+            // Transport ids are unique per domain: "orders-m-17". (Logs of the same domain still
+            // number alike; the inbox scopes each log's ids to its transport.)
+            text_.append(",\"msgid\":\"").append(o_.domain).append("-m-");
             append_uint(text_, s.msgid);
             text_.push_back('"');
         }

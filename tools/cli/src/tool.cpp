@@ -235,6 +235,16 @@ const option lateness_option{"allowed-lateness", "D",
                              "prune effect keys older than the highest event time minus D; older unsequenced "
                              "events are dead-lettered as late_event"};
 
+const option transport_option{"transport", "NAME",
+                              "the transport the logs' msgids belong to (default: each log's file name without "
+                              "rotation suffixes); a consume continuing a rebuild's inbox needs the same"};
+const option future_skew_option{"max-future-skew", "D",
+                                "with a horizon, events more than D ahead of the event time are dead-lettered as "
+                                "future_event unless 3 agree (default 24h; 0 to switch off)"};
+const option resend_option{"resend-within", "D",
+                           "the logs re-send events under new ids and times up to D later: refuse an "
+                           "--allowed-lateness shorter than that"};
+
 std::optional<std::chrono::nanoseconds> duration_option(const arguments& a, std::string_view name) {
     auto v = a.get(name);
     if (!v) return std::nullopt;
@@ -248,6 +258,30 @@ void retention_from(const arguments& a, store_options& o) {
     o.retention.clock = retention_clock::event;
     if (auto d = duration_option(a, "inbox-retention")) o.retention.inbox_retention = d;
     if (auto d = duration_option(a, "allowed-lateness")) o.retention.allowed_lateness = d;
+    if (auto d = duration_option(a, "max-future-skew")) {
+        o.retention.max_future_skew = d->count() > 0 ? d : std::nullopt;
+    }
+    if (auto d = duration_option(a, "resend-within")) o.retention.resend_within = d;
+    const auto& r = o.retention;
+    if (r.resend_within && r.allowed_lateness && *r.allowed_lateness < *r.resend_within) {
+        throw usage_error("option '--allowed-lateness': " + format_duration(*r.allowed_lateness) +
+                          " is shorter than the logs' re-send delay of " + format_duration(*r.resend_within) +
+                          " (--resend-within): a re-sent event could be applied twice");
+    }
+}
+
+/// Splits an inbox key into (transport, id): "t<n>:<transport><id>", "m<id>" or "e<event id>".
+std::pair<std::string_view, std::string_view> split_message_id(std::string_view key) {
+    if (key.starts_with("t")) {
+        const auto colon = key.find(':');
+        std::size_t n = 0;
+        const auto digits = key.substr(1, colon == std::string_view::npos ? 0 : colon - 1);
+        for (char c : digits) n = n * 10 + static_cast<std::size_t>(c - '0');
+        if (colon != std::string_view::npos && colon + 1 + n <= key.size()) {
+            return {key.substr(colon + 1, n), key.substr(colon + 1 + n)};
+        }
+    }
+    return {{}, key.empty() ? key : key.substr(1)};
 }
 
 std::string time_text(std::uint64_t ns) {
@@ -319,6 +353,7 @@ struct tool::impl {
         o.progress = [&bar](const log_progress& p) { bar.update(p); };
         o.stop = &stop_requested;
         o.store.wait_for_writer = writer_wait(a, db);
+        if (auto t = a.get("transport")) o.transport = *t;
         retention_from(a, o.store);
     }
 
@@ -349,7 +384,7 @@ void tool::impl::add_builtin_commands() {
         "build every projection from event logs into a fresh environment, then swap it in atomically",
         {db_option, log_option, format_option, skip_bad_option, batch_option,
          {"memory", "MB", "rows are aggregated in memory up to about this much, then written (default 1024)"},
-         wait_option, inbox_retention_option, lateness_option},
+         wait_option, inbox_retention_option, lateness_option, transport_option, future_skew_option, resend_option},
         [this](const arguments& a) {
             stop_signals signals;
             rebuild_options o;
@@ -373,7 +408,7 @@ void tool::impl::add_builtin_commands() {
          {"durability", "full|periodic|none", "fsync policy (default full: a commit is on disk before the next)"},
          {"journal-rows", "N",
           "changed rows are journaled and folded into the row table once N are journaled (default: automatic)"},
-         wait_option, inbox_retention_option, lateness_option},
+         wait_option, inbox_retention_option, lateness_option, transport_option, future_skew_option, resend_option},
         [this](const arguments& a) {
             consume_options o;
             progress_bar bar{"consume"};
@@ -457,6 +492,8 @@ void tool::impl::add_builtin_commands() {
             append_kv(out, "inbox_floor_ns", r.inbox_floor);
             append_kv(out, "late_events", s.late_events);
             append_kv(out, "id_conflicts", s.id_conflicts);
+            append_kv(out, "transport_collisions", s.transport_collisions);
+            append_kv(out, "future_events", s.future_events);
             append_kv(out, "pruned_ids", s.pruned_ids);
             append_kv(out, "pruned_contributors", s.pruned_contributors);
             out += ",\"contributors\":{";
@@ -494,7 +531,9 @@ void tool::impl::add_builtin_commands() {
     commands.push_back(command{
         "deadletters",
         "print the dead letters as JSON Lines: position, reason, detail, message id, time, and the event",
-        {db_option},
+        {db_option,
+         {"collisions", "", "instead, the transport collisions: deliveries under a transport id another event had "
+                            "used, each judged as a new message (its outcome in the detail)"}},
         [this](const arguments& a) {
             std::filesystem::path db = a.required("db");
             require_environment(db);
@@ -503,7 +542,7 @@ void tool::impl::add_builtin_commands() {
             output out;
             std::string line;
             std::string compact;
-            for (const auto& d : snap.dead_letters(consumer)) {
+            for (const auto& d : a.flag("collisions") ? snap.collisions(consumer) : snap.dead_letters(consumer)) {
                 line = "{";
                 append_kv(line, "position", d.position, false);
                 line += ",\"reason\":";
@@ -511,8 +550,13 @@ void tool::impl::add_builtin_commands() {
                 line += ",\"detail\":";
                 append_json_string(line, d.detail);
                 line += ",\"message_id\":";
-                // Stored ids carry a one-letter namespace: 'm' transport id, 'e' event id.
-                append_json_string(line, d.message_id.empty() ? std::string_view{} : std::string_view(d.message_id).substr(1));
+                // Stored ids carry a namespace: 'm' transport id, 't' transport id of a named transport, 'e' event id.
+                const auto [transport, id] = split_message_id(d.message_id);
+                append_json_string(line, id);
+                if (!transport.empty()) {
+                    line += ",\"transport\":";
+                    append_json_string(line, transport);
+                }
                 append_kv(line, "time_ns", d.time_ns);
                 compact.resize(d.body.size());
                 std::size_t n = 0;
@@ -536,7 +580,8 @@ void tool::impl::add_builtin_commands() {
         "verify",
         "rebuild aside from the logs and compare every projection with DIR; exit 1 naming the first different row",
         {db_option, {log_option.name, log_option.value, log_option.help + " (not with --store)", false, true},
-         format_option, skip_bad_option, batch_option, inbox_retention_option, lateness_option,
+         format_option, skip_bad_option, batch_option, inbox_retention_option, lateness_option, transport_option,
+         future_skew_option, resend_option,
          {"store", "", "instead, check DIR's pages and records for damage; exit 2 naming the first problems"}},
         [this](const arguments& a) {
             if (a.flag("store") && !a.all("log").empty()) {
@@ -651,6 +696,7 @@ void tool::impl::add_builtin_commands() {
         {db_option,
          {"event", "SOURCE/ID", "the event: its source and id (split at the last '/')"},
          {"message", "ID", "or the transport message id it was delivered under"},
+         {"transport", "NAME", "the transport of --message (a log's file name without rotation suffixes; default: none)"},
          {"key", "KEY", "also say whether this row's contributing set holds the event"},
          {"projection", "NAME", "the projection of --key (default: every projection with that row)"}},
         [this](const arguments& a) { return why(a); }});
@@ -692,6 +738,7 @@ int tool::impl::why(const arguments& a) const {
     std::string message_id;
     std::string label;
     std::string event_effect;  // the default effect key (its event id), when the event is named
+    std::string event_named;   // how outcome details name the event, when it is named
     if (auto ev_text = a.get("event")) {
         auto slash = ev_text->rfind('/');
         if (slash == std::string::npos || slash == 0 || slash + 1 == ev_text->size()) {
@@ -702,10 +749,12 @@ int tool::impl::why(const arguments& a) const {
         ev.id = ev_text->substr(slash + 1);
         message_id = ev.message_id();
         event_effect = ev.event_id();
+        event_named = describe(ev) + ":";
         label = "event " + ev.source + " " + ev.id;
     } else if (auto m = a.get("message")) {
-        message_id = transport_message_id(*m);
-        label = "message " + *m;
+        const auto transport = a.get("transport").value_or("");
+        message_id = transport_message_id(transport, *m);
+        label = "message " + *m + (transport.empty() ? std::string() : " of transport " + transport);
     } else {
         throw usage_error("give --event SOURCE/ID or --message ID");
     }
@@ -723,8 +772,22 @@ int tool::impl::why(const arguments& a) const {
             dead = std::move(d);
         }
     }
+    // Deliveries that reused this message id for another event, or that carried this event under a
+    // transport id another event had used.
+    std::uint64_t collided = 0;
+    std::optional<dead_letter> carried;
+    for (auto& d : snap.collisions(consumer)) {
+        if (!event_named.empty()) {
+            if (d.detail.starts_with(event_named) && !carried) carried = std::move(d);
+        } else if (d.message_id == message_id) {
+            ++collided;
+        }
+    }
     const auto retention = snap.retention(consumer);
-    if (first) {
+    if (!first && carried) {
+        answer = "transport_collision";
+        detail = label + ": " + carried->detail;
+    } else if (first) {
         const auto when = " in commit " + std::to_string(first->commit) + " (first seen at " + time_text(first->stamp) + ")";
         switch (first->outcome) {
         case outcome_kind::applied: answer = "applied"; detail = label + " was applied" + when; break;
@@ -763,6 +826,11 @@ int tool::impl::why(const arguments& a) const {
     } else {
         answer = "never_seen";
         detail = label + " was never seen by consumer '" + consumer + "'";
+    }
+    if (collided != 0) {
+        detail += "; " + std::to_string(collided) + " later deliver" + (collided == 1 ? "y" : "ies") +
+                  " under the same id carried other events (transport collisions, each judged as a new message: "
+                  "`deadletters --collisions`)";
     }
     if (conflicts != 0) {
         detail += "; " + std::to_string(conflicts) + " later deliver" + (conflicts == 1 ? "y" : "ies") +

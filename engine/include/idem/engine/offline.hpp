@@ -54,6 +54,9 @@ struct log_run_options {
     std::optional<log_format> format{};            ///< expected format (default: detected from each file)
     std::function<void(const log_progress&)> progress{};  ///< called after every batch
     const std::atomic<bool>* stop = nullptr;        ///< set to true to stop (consume commits what it read; a build fails)
+    /// The transport the logs' msgids belong to (delivery::transport); unset: each log's own,
+    /// log_transport(log). Give the same to a consume that continues a rebuild's inbox.
+    std::optional<std::string> transport{};
 };
 
 /// What a run did.
@@ -78,6 +81,10 @@ std::filesystem::path normalized_dir(const std::filesystem::path& dir);
 /// Returns the checkpoint source name of a log file (its absolute path, "log:" prefixed); its
 /// value is a log_position (<idem/storage/log_position.hpp>).
 std::string log_source(const std::filesystem::path& log);
+
+/// Returns the transport a log's msgids belong to by default: its file name without rotation
+/// suffixes ("/var/log/orders.jsonl.2" -> "orders.jsonl"), so a log's rotations share one.
+std::string log_transport(const std::filesystem::path& log);
 
 /// Rebuilds options.store.path from the logs: builds a fresh environment beside it
 /// ("<path>.rebuild"), syncs it once, and swaps the two directories with one atomic rename.

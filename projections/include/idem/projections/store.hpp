@@ -52,6 +52,11 @@ struct outcome {
 struct delivery {
     std::string body;        ///< CloudEvents JSON text
     std::string message_id;  ///< transport message id (Nats-Msg-Id, Idempotency-Key); "" to use the envelope's
+    /// The transport the message id belongs to (a broker stream, a webhook sender, a log's origin): a
+    /// transport id (this message_id or the envelope's msgid) is unique within its transport only, so
+    /// the inbox keys it by both. "" is one transport like any other. Unused when the message id is
+    /// the event id.
+    std::string transport{};
     std::uint64_t line = 0;    ///< read from a log: its line (JSON Lines) or record (binary) number, 1-based; 0: not
     std::uint64_t offset = 0;  ///< read from a log: the byte offset of the record
 };
@@ -100,9 +105,20 @@ struct retention_options {
     std::optional<std::chrono::nanoseconds> allowed_lateness{};
     /// The source's redelivery bound; the store refuses to open with an inbox_retention shorter than it.
     std::optional<redelivery_bound> source{};
-    /// Event times further than this ahead of the wall clock do not move the consumer's event
-    /// time beyond it (one bad clock must not expire everything).
-    std::chrono::nanoseconds max_clock_skew = std::chrono::minutes(5);
+    /// While the consumer's event time matters (allowed_lateness set, or an inbox_retention on the
+    /// event clock), an event whose time is more than this ahead of the consumer's event time is
+    /// dead-lettered as future_event and does not move it, unless `future_confirmations` such events
+    /// agree (future_confirmations; see docs/DESIGN.md, "The event-time horizon"). Unset: any event time moves the clock.
+    /// Measured in event time only, never against the wall clock, so rebuilds are deterministic.
+    std::optional<std::chrono::nanoseconds> max_future_skew = std::chrono::hours(24);
+    /// A jump forward is taken when this many events in a row of the jump agree: events more than
+    /// max_future_skew ahead, within max_future_skew of each other. The last of them moves the clock
+    /// and is judged as usual; the ones before it were dead-lettered as future_event.
+    std::uint32_t future_confirmations = 3;
+    /// How far ahead, in event time, the source may re-send an event under a new id and a new time
+    /// (a drop copy): its effect key must still be in the contributing sets then, so the store
+    /// refuses to open with an allowed_lateness shorter than this. Unset: not declared.
+    std::optional<std::chrono::nanoseconds> resend_within{};
     /// Each batch's transaction also removes up to this many expired entries (no extra commit,
     /// no extra fsync; 0: only store::prune removes them). On the event clock a batch removes
     /// all that expired, so a log run's state depends on the log alone, not on timing.
@@ -145,7 +161,14 @@ struct consumer_stats {
     std::uint64_t id_conflicts = 0;                        ///< dead-lettered as id_conflict (also in outcomes)
     std::uint64_t pruned_ids = 0;                          ///< inbox entries pruned
     std::uint64_t pruned_contributors = 0;                 ///< contributing-set entries pruned
+    std::uint64_t transport_collisions = 0;  ///< a transport id already used by another event (judged as new)
+    std::uint64_t future_events = 0;         ///< dead-lettered as future_event (also in outcomes)
 };
+
+/// Returns the inbox key of a transport id within its transport: "m<id>" for the unnamed transport,
+/// else "t<len(transport)>:<transport><id>" (length-prefixed: no two (transport, id) pairs alias, and
+/// neither aliases an event id's "e..." key).
+std::string transport_message_id(std::string_view transport, std::string_view transport_id);
 
 /// Options of a store.
 struct store_options {
@@ -367,6 +390,10 @@ public:
     std::size_t dead_letter_count(std::string_view consumer) const;
     /// Returns a consumer's dead letters in the order they were recorded.
     std::vector<dead_letter> dead_letters(std::string_view consumer) const;
+    /// Returns a consumer's transport collisions in the order they were seen: deliveries whose transport
+    /// id was already used by another event (why = reason::transport_collision; each was judged as a
+    /// new message, its outcome in the detail).
+    std::vector<dead_letter> collisions(std::string_view consumer) const;
 
     /// What a consumer's inbox says of one message id.
     struct inbox_record {

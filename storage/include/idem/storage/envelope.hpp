@@ -32,6 +32,8 @@ enum class reason {
     late_event,               ///< older than the event-time horizon with no sequence to prove it new
     id_conflict,              ///< a message id already processed, redelivered with different content
     missing_specversion,      ///< `specversion` absent or null (CloudEvents requires it)
+    future_event,             ///< further ahead of the consumer's event time than its allowed skew
+    transport_collision,      ///< a transport id already used by another event (recorded, not dead-lettered)
 };
 
 /// Returns the stable text of a reason ("missing_id", ...).

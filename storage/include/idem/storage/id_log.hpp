@@ -42,7 +42,7 @@ namespace idem {
 class id_log {
 public:
     /// Words an entry may carry besides its stamp and id.
-    static constexpr std::size_t max_extra = 2;
+    static constexpr std::size_t max_extra = 3;
     /// One recorded id.
     struct entry {
         std::uint64_t position = 0;  ///< 0 while staged in the batch being built
@@ -69,6 +69,10 @@ public:
     bool stage_if_new(const txn_base& txn, std::string_view id, std::uint64_t stamp);
     /// Returns id's entry, recorded or staged, or nullopt.
     std::optional<entry> find(const txn_base& txn, std::string_view id, std::uint64_t hash) const;
+    /// Returns id's most recent entry, recorded or staged, or nullopt: where an id was recorded again
+    /// (an owner re-adds an id it no longer counts), the latest one. Probes every slot of id's hash
+    /// chain: slower than find(), for the rare second look.
+    std::optional<entry> find_newest(const txn_base& txn, std::string_view id, std::uint64_t hash) const;
     /// Sets the extra words of the entry staged last.
     void annotate_last(const std::array<std::uint64_t, max_extra>& extra);
 

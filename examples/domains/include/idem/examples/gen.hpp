@@ -64,6 +64,7 @@ struct gen_options {
     double malformed = 0.001;            ///< share of events followed by a defect line (kinds in turn)
     std::vector<defect> defects = every_defect();  ///< the defect kinds to cycle through
     std::uint64_t seed = 1;                        ///< same options and seed -> byte-identical output
+    std::string key_prefix;                        ///< prepended to every aggregate key: several sources, one store
 };
 
 /// What a store must end with after consuming the generated lines.

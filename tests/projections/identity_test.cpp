@@ -1,0 +1,330 @@
+// Identity and time that cannot be fooled: transport ids count within their transport, one
+// event stamped far ahead does not move the event-time horizon, and lateness outcomes do not
+// depend on batch sizes or on when pruning ran.
+
+#include "fixtures.hpp"
+
+#include <idem/storage/envelope.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <random>
+
+using namespace idem_test;
+using namespace std::chrono_literals;
+using idem::outcome_kind;
+
+namespace {
+
+constexpr std::uint64_t second_ns = 1'000'000'000;
+constexpr std::uint64_t start_ns = 1'764'662'400ull * second_ns;  // 2025-12-02T08:00:00Z
+
+std::string rfc3339(std::uint64_t ns) {
+    auto t = static_cast<std::time_t>(ns / second_ns);
+    std::tm tm{};
+    ::gmtime_r(&t, &tm);
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03uZ", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday,
+                  tm.tm_hour, tm.tm_min, tm.tm_sec, static_cast<unsigned>(ns % second_ns / 1'000'000));
+    return buf;
+}
+
+idem::delivery from(const idem::envelope& e, std::string transport, std::string message_id) {
+    auto d = deliver(e, std::move(message_id));
+    d.transport = std::move(transport);
+    return d;
+}
+
+idem::store_options timed_options(const std::filesystem::path& dir, std::optional<std::chrono::nanoseconds> lateness) {
+    auto o = options(dir);
+    o.retention.clock = idem::retention_clock::event;
+    o.retention.allowed_lateness = lateness;
+    return o;
+}
+
+std::uint64_t dead_with(const idem::snapshot& snap, idem::reason why) {
+    std::uint64_t n = 0;
+    for (const auto& d : snap.dead_letters(consumer)) n += d.why == why ? 1 : 0;
+    return n;
+}
+
+/// Two sources that each number their messages m-1, m-2, ...: sequenced order lines of their own orders.
+struct two_sources {
+    std::vector<idem::delivery> deliveries;
+    reference ref;
+    two_sources(const std::string& transport_a, const std::string& transport_b) {
+        std::mt19937_64 rng{7};
+        std::uint64_t msg[2] = {0, 0};
+        std::uint64_t seq[2][5] = {};
+        for (int i = 0; i < 200; ++i) {
+            const auto s = static_cast<std::size_t>(rng() % 2);
+            const auto order_index = static_cast<std::size_t>(rng() % 5);
+            const std::string order = (s == 0 ? "a-" : "b-") + std::to_string(order_index);
+            const auto sequence = ++seq[s][order_index];
+            const auto amount = static_cast<std::int64_t>(rng() % 100 + 1);
+            auto ev = line((s == 0 ? "a-line-" : "b-line-") + std::to_string(i), order, amount, sequence,
+                           s == 0 ? "/shop-a" : "/shop-b");
+            deliveries.push_back(from(ev, s == 0 ? transport_a : transport_b, "m-" + std::to_string(++msg[s])));
+            ref.add(order, amount, sequence);
+        }
+    }
+};
+
+}  // namespace
+
+TEST_SUITE("identity") {
+
+TEST_CASE("two transports that both number their messages m-1, m-2, ... keep every event") {
+    temp_dir dir;
+    idem::store store{options(dir.path())};
+    store.add(totals_by_order());
+
+    SUBCASE("named transports: the ids never meet") {
+        two_sources log{"shop-a", "shop-b"};
+        for (std::size_t i = 0; i < log.deliveries.size(); i += 30) {
+            auto end = std::min(log.deliveries.size(), i + 30);
+            store.apply(std::span<const idem::delivery>(log.deliveries.data() + i, end - i));
+        }
+        auto snap = store.read();
+        CHECK(dump(snap, "order-totals") == log.ref.rows);
+        CHECK(snap.parked(consumer) == 0);
+        CHECK(snap.stats(consumer).id_conflicts == 0);
+        CHECK(snap.stats(consumer).transport_collisions == 0);
+        CHECK(snap.dead_letter_count(consumer) == 0);
+        // A redelivery within its transport is still a duplicate message.
+        for (const auto& o : store.apply(log.deliveries)) CHECK(o.kind == outcome_kind::duplicate_message);
+        CHECK(dump(store.read(), "order-totals") == log.ref.rows);
+    }
+    SUBCASE("one unnamed transport carrying both: collisions are reported, no event is lost or stalled") {
+        two_sources log{"", ""};
+        for (std::size_t i = 0; i < log.deliveries.size(); i += 30) {
+            auto end = std::min(log.deliveries.size(), i + 30);
+            store.apply(std::span<const idem::delivery>(log.deliveries.data() + i, end - i));
+        }
+        auto snap = store.read();
+        CHECK(dump(snap, "order-totals") == log.ref.rows);
+        CHECK(snap.parked(consumer) == 0);
+        CHECK(snap.stats(consumer).id_conflicts == 0);
+        CHECK(snap.dead_letter_count(consumer) == 0);
+        const auto collided = snap.stats(consumer).transport_collisions;
+        CHECK(collided > 50);
+        auto records = snap.collisions(consumer);
+        REQUIRE(records.size() == collided);
+        CHECK(records[0].why == idem::reason::transport_collision);
+        CHECK(records[0].detail.find("first used in commit") != std::string::npos);
+        CHECK(records[0].detail.find(": applied") != std::string::npos);
+        // Everything again: every event is known by its sequence, nothing applies twice.
+        store.apply(log.deliveries);
+        CHECK(dump(store.read(), "order-totals") == log.ref.rows);
+    }
+}
+
+TEST_CASE("transport and id are length-prefixed in the inbox key: no two pairs alias") {
+    CHECK(idem::transport_message_id("ab", "c") != idem::transport_message_id("a", "bc"));
+    CHECK(idem::transport_message_id("", "m-1") == idem::transport_message_id("m-1"));
+    CHECK(idem::transport_message_id("x", "m-1") != idem::transport_message_id("m-1"));
+    temp_dir dir;
+    idem::store store{options(dir.path())};
+    store.add(totals_by_order());
+    auto outcomes = store.apply(std::vector{from(line("l-1", "o1", 1), "ab", "c"), from(line("l-2", "o1", 2), "a", "bc"),
+                                            from(line("l-3", "o1", 4), "a", "b:c")});
+    for (const auto& o : outcomes) CHECK(o.kind == outcome_kind::applied);
+    CHECK(store.read().stats(consumer).transport_collisions == 0);
+    CHECK(store.read().get<order_total>("order-totals", "o1")->state.total == 7);
+}
+
+TEST_CASE("the same event id with other content stays an id_conflict, under a transport id too") {
+    temp_dir dir;
+    idem::store store{options(dir.path())};
+    store.add(totals_by_order());
+    auto ev = line("l-1", "o1", 5, 1);
+    REQUIRE(store.apply(from(ev, "broker", "m-1")).kind == outcome_kind::applied);
+    auto changed = ev;
+    changed.data = R"({"order_id":"o1","amount":500})";
+    auto o = store.apply(from(changed, "broker", "m-1"));
+    CHECK(o.why == idem::reason::id_conflict);
+    CHECK(store.read().stats(consumer).transport_collisions == 0);
+    // The stream went on: sequence 2 is applied, not parked.
+    CHECK(store.apply(from(line("l-2", "o1", 1, 2), "broker", "m-2")).kind == outcome_kind::applied);
+    CHECK(store.read().get<order_total>("order-totals", "o1")->state.total == 6);
+}
+
+TEST_CASE("an event stamped far ahead does not move the event-time horizon") {
+    // Unsequenced lines, one every 20 s for 2 hours; each re-sent (same event, new message id) 5
+    // minutes later: inside a 10-minute lateness, so the copies are duplicates, never late.
+    std::vector<idem::delivery> log;
+    reference ref;
+    std::vector<std::pair<std::uint64_t, idem::envelope>> timeline;
+    for (std::uint64_t i = 0; i < 360; ++i) {
+        auto ev = line("l-" + std::to_string(i), "o" + std::to_string(i % 7), static_cast<std::int64_t>(i + 1));
+        ev.time = rfc3339(start_ns + i * 20 * second_ns);
+        timeline.emplace_back(i * 20, ev);
+        timeline.emplace_back(i * 20 + 300, ev);
+        ref.add("o" + std::to_string(i % 7), static_cast<std::int64_t>(i + 1));
+    }
+    std::stable_sort(timeline.begin(), timeline.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    std::uint64_t m = 0;
+    for (const auto& [at, ev] : timeline) log.push_back(from(ev, "src", "m-" + std::to_string(++m)));
+    auto outlier = line("from-2099", "o-future", 1000);
+    outlier.time = "2099-01-01T00:00:00Z";
+    auto with_outlier = log;
+    with_outlier.insert(with_outlier.begin() + 100, from(outlier, "src", "m-outlier"));
+
+    auto run = [&](const std::vector<idem::delivery>& deliveries, std::uint64_t wall_ns, std::size_t batch) {
+        temp_dir dir;
+        auto o = timed_options(dir.path(), 10min);
+        o.retention.now = [wall_ns] { return wall_ns; };
+        idem::store store{o};
+        store.add(totals_by_order());
+        for (std::size_t i = 0; i < deliveries.size(); i += batch) {
+            auto end = std::min(deliveries.size(), i + batch);
+            store.apply(std::span<const idem::delivery>(deliveries.data() + i, end - i));
+            while (store.prune().more) {
+            }
+        }
+        auto snap = store.read();
+        return std::tuple{dump(snap, "order-totals"), snap.stats(consumer), dead_with(snap, idem::reason::future_event)};
+    };
+    const std::uint64_t now_2026 = 1'796'000'000ull * second_ns;
+    const auto [plain_rows, plain_stats, plain_future] = run(log, now_2026, 50);
+    CHECK(plain_rows == ref.rows);
+    CHECK(plain_stats.late_events == 0);
+    CHECK(plain_future == 0);
+    for (std::uint64_t wall : {now_2026, start_ns, std::uint64_t{4'000'000'000} * second_ns}) {
+        for (std::size_t batch : {std::size_t{1}, std::size_t{50}}) {
+            CAPTURE(wall);
+            CAPTURE(batch);
+            const auto [rows, stats, future] = run(with_outlier, wall, batch);
+            CHECK(rows == ref.rows);
+            CHECK(stats.late_events == 0);
+            CHECK(future == 1);
+            CHECK(stats.future_events == 1);
+        }
+    }
+}
+
+TEST_CASE("a jump forward confirmed by later events moves the clock; a sequenced future event still advances its stream") {
+    temp_dir dir;
+    auto o = timed_options(dir.path(), 1h);
+    o.retention.max_future_skew = 24h;
+    o.retention.future_confirmations = 3;
+    idem::store store{o};
+    store.add(totals_by_order());
+    auto at = [](std::string id, std::string order, std::int64_t amount, std::uint64_t ns,
+                 std::optional<std::uint64_t> seq = std::nullopt) {
+        auto e = line(std::move(id), order, amount, seq);
+        e.time = rfc3339(ns);
+        return deliver(e);
+    };
+    const auto gap = start_ns + 72 * 3600 * second_ns;  // three days later
+    auto outcomes = store.apply(std::vector{
+        at("s-1", "s", 1, start_ns, 1), at("a", "o1", 1, start_ns + second_ns),
+        at("s-2", "s", 2, start_ns + 30ull * 24 * 3600 * second_ns, 2),  // a bad clock, sequenced
+        at("s-3", "s", 4, start_ns + 2 * second_ns, 3),                    // not parked behind it
+        at("b", "o1", 10, gap), at("c", "o1", 100, gap + second_ns),      // ahead: not yet confirmed
+        at("d", "o1", 1000, gap + 2 * second_ns),                          // the third: the jump is taken
+        at("e", "o1", 10000, gap + 3 * second_ns),
+        at("late", "o2", 1, start_ns + 3 * second_ns),                     // behind the moved horizon
+    });
+    CHECK(outcomes[0].kind == outcome_kind::applied);
+    CHECK(outcomes[2].why == idem::reason::future_event);
+    CHECK(outcomes[3].kind == outcome_kind::applied);
+    CHECK(outcomes[4].why == idem::reason::future_event);
+    CHECK(outcomes[5].why == idem::reason::future_event);
+    CHECK(outcomes[6].kind == outcome_kind::applied);
+    CHECK(outcomes[7].kind == outcome_kind::applied);
+    CHECK(outcomes[8].why == idem::reason::late_event);
+    auto snap = store.read();
+    CHECK(snap.get<order_total>("order-totals", "s")->state.total == 5);
+    CHECK(snap.get<order_total>("order-totals", "o1")->state.total == 11001);
+    CHECK(snap.parked(consumer) == 0);
+    CHECK(snap.retention(consumer).event_time == gap + 3 * second_ns);
+}
+
+TEST_CASE("lateness outcomes do not depend on batch size or on when pruning ran") {
+    // Fills every 100 ms; 30% are re-sent by a drop copy (new event id, same exec_id, stamped
+    // when re-sent: 0.1-2.5 s later), delivered in event-time order.
+    std::vector<std::pair<std::uint64_t, idem::envelope>> timeline;
+    std::mt19937_64 rng{11};
+    std::map<std::string, std::int64_t> expected;
+    for (std::uint64_t i = 0; i < 1500; ++i) {
+        const auto account = "acct-" + std::to_string(rng() % 9);
+        const auto qty = static_cast<std::int64_t>(rng() % 50 + 1);
+        const auto t = start_ns + i * 100'000'000ull;
+        auto ev = fill_event("f-" + std::to_string(i), account, "X-" + std::to_string(i), qty);
+        ev.time = rfc3339(t);
+        timeline.emplace_back(t, ev);
+        expected[account] += qty;
+        if (rng() % 10 < 3) {
+            auto copy = fill_event("dc-" + std::to_string(i), account, "X-" + std::to_string(i), qty, "/dropcopy");
+            const auto resent = t + (rng() % 25 + 1) * 100'000'000ull;
+            copy.time = rfc3339(resent);
+            timeline.emplace_back(resent, copy);
+        }
+    }
+    std::stable_sort(timeline.begin(), timeline.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    std::vector<idem::delivery> log;
+    for (const auto& [t, ev] : timeline) log.push_back(deliver(ev));
+
+    auto positions = [] {
+        return idem::projection<position>("positions")
+            .on<fill>([](position& p, const fill& f, const idem::meta&) { p.qty += f.qty; })
+            .key([](const fill& f) { return f.account; })
+            .effect_key([](const fill& f) { return f.exec_id; });
+    };
+    struct result {
+        std::map<std::string, std::pair<std::int64_t, std::uint64_t>> rows;
+        std::array<std::uint64_t, idem::outcome_kinds> outcomes{};
+        std::uint64_t late = 0;
+    };
+    auto run = [&](std::chrono::nanoseconds lateness, std::size_t batch, bool bulk) {
+        temp_dir dir;
+        idem::store store{timed_options(dir.path(), lateness)};
+        store.add(positions());
+        if (bulk) store.begin_bulk(std::size_t{1} << 30);
+        for (std::size_t i = 0; i < log.size(); i += batch) {
+            auto end = std::min(log.size(), i + batch);
+            store.apply(std::span<const idem::delivery>(log.data() + i, end - i));
+        }
+        if (bulk) store.end_bulk();
+        result r;
+        auto snap = store.read();
+        snap.scan<position>("positions", [&](const idem::row<position>& row) {
+            r.rows[row.key] = {row.state.qty, row.version};
+        });
+        r.outcomes = snap.stats(consumer).outcomes;
+        r.late = snap.stats(consumer).late_events;
+        return r;
+    };
+    for (auto lateness : {std::chrono::nanoseconds(0s), std::chrono::nanoseconds(1s), std::chrono::nanoseconds(3s)}) {
+        CAPTURE(lateness.count());
+        const auto rebuilt = run(lateness, 10'000, true);
+        for (std::size_t batch : {std::size_t{1}, std::size_t{20}, std::size_t{1000}}) {
+            CAPTURE(batch);
+            const auto consumed = run(lateness, batch, false);
+            CHECK(consumed.rows == rebuilt.rows);
+            CHECK(consumed.outcomes == rebuilt.outcomes);
+            CHECK(consumed.late == rebuilt.late);
+        }
+        // Shorter than the re-send delay, a copy whose original's entry the horizon passed is applied
+        // again, the same in every run; a source that declares the delay is refused such a lateness.
+        if (lateness >= 3s) {
+            // Longer than the re-send delay: every copy is a duplicate, each fill counts once.
+            std::map<std::string, std::int64_t> got;
+            for (const auto& [k, v] : rebuilt.rows) got[k] = v.first;
+            CHECK(got == expected);
+        }
+    }
+}
+
+TEST_CASE("an allowed lateness shorter than the source's declared re-send delay is refused at open") {
+    temp_dir dir;
+    auto o = timed_options(dir.path(), 1s);
+    o.retention.resend_within = 2500ms;
+    CHECK_THROWS_WITH_AS(idem::store{o}, doctest::Contains("re-send delay"), std::system_error);
+    o.retention.allowed_lateness = 3s;
+    CHECK_NOTHROW(idem::store{o});
+}
+
+}  // TEST_SUITE
