@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace idem {
 
@@ -31,7 +32,14 @@ enum class reason {
     invalid_utf8,             ///< the body is not valid UTF-8
     late_event,               ///< older than the event-time horizon with no sequence to prove it new
     id_conflict,              ///< a message id already processed, redelivered with different content
+    released_dropped,         ///< a parked event an operator dropped (idem release --drop)
 };
+
+/// Returns the reason whose text is name, or nullopt ("none" is not a reason a dead letter has).
+std::optional<reason> reason_from_string(std::string_view name) noexcept;
+
+/// Every reason a dead letter may have, in enum order.
+std::vector<reason> dead_letter_reasons();
 
 /// Returns the stable text of a reason ("missing_id", ...).
 std::string_view to_string(reason r) noexcept;
