@@ -61,7 +61,9 @@ public:
             ::pthread_setname_np(::pthread_self(), "idem-log-reader");
             try {
                 for (std::size_t i = 0; i < options_.logs.size() && !stopping(); ++i) {
-                    read_log(options_.logs[i], resume, follow && i + 1 == options_.logs.size());
+                    // UINT64_MAX: the whole log (a std::optional here trips GCC's maybe-uninitialized).
+                    const std::uint64_t until = i < options_.until.size() ? options_.until[i] : UINT64_MAX;
+                    read_log(options_.logs[i], resume, follow && i + 1 == options_.logs.size(), until);
                 }
             } catch (...) {
                 std::lock_guard lock{mutex_};
@@ -101,7 +103,7 @@ private:
 
     // --- the reader thread ------------------------------------------------------------
 
-    void read_log(const std::filesystem::path& path, bool resume, bool follow) {
+    void read_log(const std::filesystem::path& path, bool resume, bool follow, std::uint64_t until) {
         const std::string source = log_source(path);
         log_reader_options ro;
         ro.skip_bad = options_.skip_bad;
@@ -118,8 +120,13 @@ private:
         const std::uint64_t base = bytes_read_;
         const std::uint64_t started_at = reader.position();
         log_record record;
+        bool at_limit = false;
         for (;;) {
             while (reader.next(record)) {
+                if (record.end > until) {
+                    at_limit = true;  // a prefix of the log: the rest is not read
+                    break;
+                }
                 auto& d = batch_[used_++];
                 d.body.assign(record.body);
                 d.message_id.clear();
@@ -133,7 +140,8 @@ private:
                 }
             }
             bytes_read_ = base + (reader.position() - started_at);
-            if (!hand_over(source, reader.position())) return;
+            if (!hand_over(source, at_limit ? until : reader.position())) return;
+            if (at_limit) return;
             if (!follow || stopping()) break;
             std::this_thread::sleep_for(poll_);
         }
@@ -265,6 +273,7 @@ log_run_result build(const rebuild_options& options) {
         }
         s.end_bulk();
         result.stats = s.read().stats(so.consumer);
+        result.run = result.stats;  // a build starts from nothing
         s.env()->sync(true);
     }
     fsync_dir(normalized_dir(dir).parent_path());
@@ -362,12 +371,27 @@ log_run_result rebuild(const rebuild_options& options) {
     return result;
 }
 
+consumer_stats difference(const consumer_stats& after, const consumer_stats& before) {
+    auto minus = [](std::uint64_t a, std::uint64_t b) { return a > b ? a - b : 0; };
+    consumer_stats d;
+    for (std::size_t i = 0; i < outcome_kinds; ++i) d.outcomes[i] = minus(after.outcomes[i], before.outcomes[i]);
+    d.released = minus(after.released, before.released);
+    d.batches = minus(after.batches, before.batches);
+    d.late_events = minus(after.late_events, before.late_events);
+    d.id_conflicts = minus(after.id_conflicts, before.id_conflicts);
+    d.pruned_ids = minus(after.pruned_ids, before.pruned_ids);
+    d.pruned_contributors = minus(after.pruned_contributors, before.pruned_contributors);
+    return d;
+}
+
 log_run_result consume(const consume_options& options) {
     store s{options.store};
     if (options.setup) options.setup(s);
+    const auto before = s.read().stats(options.store.consumer);
     log_run run{s, options};
     auto result = run.run(true, options.follow, options.poll, options.stop);
     result.stats = s.read().stats(options.store.consumer);
+    result.run = difference(result.stats, before);
     return result;
 }
 
@@ -399,9 +423,12 @@ std::string describe_row(const snapshot::raw_row_view& r) {
 
 comparison compare(const std::filesystem::path& left, const std::filesystem::path& right,
                    const std::vector<std::string>& projections) {
+    return compare(snapshot::open(left), left, snapshot::open(right), right, projections);
+}
+
+comparison compare(const snapshot& l, const std::filesystem::path& left, const snapshot& r,
+                   const std::filesystem::path& right, const std::vector<std::string>& projections) {
     comparison out;
-    auto l = snapshot::open(left);
-    auto r = snapshot::open(right);
     for (const auto& name : projections) {
         // Both sides in key order, in step: memory stays flat however large the environments.
         projection_digest ld{name, 0, 0xcbf29ce484222325ULL};

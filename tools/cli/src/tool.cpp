@@ -1,5 +1,6 @@
 #include <idem/cli/tool.hpp>
 
+#include "commands.hpp"
 #include "map_fault.hpp"
 #include "store_check.hpp"
 
@@ -135,7 +136,9 @@ std::string run_json(const log_run_result& r) {
     append_kv(out, "skipped", r.skipped);
     out += ",\"seconds\":" + fixed(seconds(r.elapsed), 3);
     out += ",\"events_per_second\":" + std::to_string(std::uint64_t(double(r.records) / std::max(seconds(r.elapsed), 1e-9)));
-    out += ",\"outcomes\":" + outcomes_json(r.stats);
+    out += ",\"outcomes\":" + outcomes_json(r.stats);  // the store's totals (as before this_run existed)
+    out += ",\"this_run\":" + outcomes_json(r.run);
+    out += ",\"store_totals\":" + outcomes_json(r.stats);
     out += ",\"torn\":[";
     for (std::size_t i = 0; i < r.torn.size(); ++i) {
         if (i != 0) out.push_back(',');
@@ -150,15 +153,18 @@ std::string run_json(const log_run_result& r) {
     return out;
 }
 
+std::string outcomes_text(const consumer_stats& s) {
+    auto at = [&](outcome_kind k) { return with_commas(s.outcomes[static_cast<std::size_t>(k)]); };
+    return "applied " + at(outcome_kind::applied) + ", duplicate message " + at(outcome_kind::duplicate_message) +
+           ", duplicate event " + at(outcome_kind::duplicate_event) + ", parked " + at(outcome_kind::parked) +
+           " (released " + with_commas(s.released) + "), dead-lettered " + at(outcome_kind::dead_lettered) +
+           ", ignored " + at(outcome_kind::ignored);
+}
+
 std::string summary_line(std::string_view what, const log_run_result& r) {
-    const auto& o = r.stats.outcomes;
-    auto at = [&](outcome_kind k) { return with_commas(o[static_cast<std::size_t>(k)]); };
     std::string line = std::string(what) + ": " + with_commas(r.records) + " events in " + fixed(seconds(r.elapsed), 2) +
                        " s (" + with_commas(std::uint64_t(double(r.records) / std::max(seconds(r.elapsed), 1e-9))) +
-                       " events/s); applied " + at(outcome_kind::applied) + ", duplicate message " +
-                       at(outcome_kind::duplicate_message) + ", duplicate event " + at(outcome_kind::duplicate_event) +
-                       ", parked " + at(outcome_kind::parked) + " (released " + with_commas(r.stats.released) +
-                       "), dead-lettered " + at(outcome_kind::dead_lettered) + ", ignored " + at(outcome_kind::ignored);
+                       " events/s); this run: " + outcomes_text(r.run) + "; store totals: " + outcomes_text(r.stats);
     if (r.skipped != 0) line += ", " + with_commas(r.skipped) + " corrupt records skipped";
     for (const auto& t : r.torn) {
         line += "\n  " + t.log.string() + ": incomplete last record at offset " + std::to_string(t.offset) +
@@ -293,7 +299,7 @@ struct tool::impl {
         o.setup = setup();
         o.format = parse_format(a);
         o.skip_bad = a.flag("skip-bad");
-        o.batch = static_cast<std::size_t>(std::max<std::uint64_t>(1, a.number("batch", o.batch)));
+        o.batch = static_cast<std::size_t>(a.positive("batch", o.batch));
         o.progress = [&bar](const log_progress& p) { bar.update(p); };
         o.stop = &stop_requested;
         o.store.wait_for_writer = writer_wait(a, db);
@@ -315,8 +321,19 @@ struct tool::impl {
         };
     }
 
+    detail::tool_context context() const {
+        detail::tool_context t;
+        t.name = name;
+        t.consumer = consumer;
+        t.projections = projections;
+        t.store_for = [this](const std::filesystem::path& db) { return store_for(db); };
+        t.setup = setup();
+        t.writer_wait = [this](const arguments& a, const std::filesystem::path& db) { return writer_wait(a, db); };
+        return t;
+    }
+
     void add_builtin_commands();
-    int why(const arguments& a) const;
+    int why(const arguments& a) const { return detail::why(context(), a); }
     int usage(std::FILE* to) const;
     int help(const command& c, std::FILE* to) const;
 };
@@ -333,7 +350,7 @@ void tool::impl::add_builtin_commands() {
             rebuild_options o;
             progress_bar bar{"rebuild"};
             log_run_from(a, a.required("db"), o, bar);
-            const auto mb = a.number("memory", 1024);
+            const auto mb = a.positive("memory", 1024);
             if (mb > (std::uint64_t{1} << 40)) throw usage_error("option '--memory': " + std::to_string(mb) + " MB is too large");
             o.memory_budget = static_cast<std::size_t>(mb) << 20;
             auto r = rebuild(o);
@@ -472,9 +489,18 @@ void tool::impl::add_builtin_commands() {
     commands.push_back(command{
         "deadletters",
         "print the dead letters as JSON Lines: position, reason, detail, message id, time, and the event",
-        {db_option},
+        {db_option, {"reason", "R", "only dead letters with this reason"}},
         [this](const arguments& a) {
             std::filesystem::path db = a.required("db");
+            std::optional<reason> only;
+            if (auto r = a.get("reason")) {
+                only = reason_from_string(*r);
+                if (!only) {
+                    std::string known;
+                    for (auto k : dead_letter_reasons()) known += (known.empty() ? "" : ", ") + std::string(to_string(k));
+                    throw usage_error("option '--reason': '" + *r + "' is not a reason (" + known + ")");
+                }
+            }
             require_environment(db);
             auto snap = snapshot::open(db);
             simdjson::dom::parser parser;
@@ -482,6 +508,7 @@ void tool::impl::add_builtin_commands() {
             std::string line;
             std::string compact;
             for (const auto& d : snap.dead_letters(consumer)) {
+                if (only && d.why != *only) continue;
                 line = "{";
                 append_kv(line, "position", d.position, false);
                 line += ",\"reason\":";
@@ -492,6 +519,19 @@ void tool::impl::add_builtin_commands() {
                 // Stored ids carry a one-letter namespace: 'm' transport id, 'e' event id.
                 append_json_string(line, d.message_id.empty() ? std::string_view{} : std::string_view(d.message_id).substr(1));
                 append_kv(line, "time_ns", d.time_ns);
+                append_kv(line, "size", d.body_size);
+                if (d.truncated) {
+                    // Only the first bytes were kept: the body is a prefix, never parsed as the event.
+                    line += ",\"truncated\":true";
+                    append_kv(line, "kept", d.body.size());
+                    char hex[32];
+                    std::snprintf(hex, sizeof hex, "%016" PRIx64, d.body_digest);
+                    line += ",\"digest\":\"fnv1a64:" + std::string(hex) + "\",\"body_prefix\":";
+                    append_json_string(line, d.body);
+                    line += "}\n";
+                    out.write(line);
+                    continue;
+                }
                 compact.resize(d.body.size());
                 std::size_t n = 0;
                 simdjson::padded_string padded{d.body};
@@ -592,7 +632,7 @@ void tool::impl::add_builtin_commands() {
             if (!limits.older_than && !o.retention.allowed_lateness) {
                 throw usage_error("give --older-than, --allowed-lateness or both");
             }
-            limits.max_rows = static_cast<std::size_t>(std::max<std::uint64_t>(1, a.number("step", limits.max_rows)));
+            limits.max_rows = static_cast<std::size_t>(a.positive("step", limits.max_rows));
             limits.max_time = std::chrono::milliseconds(200);
             o.wait_for_writer = writer_wait(a, db);
             store st{o};
@@ -629,7 +669,7 @@ void tool::impl::add_builtin_commands() {
         {db_option,
          {"event", "SOURCE/ID", "the event: its source and id (split at the last '/')"},
          {"message", "ID", "or the transport message id it was delivered under"},
-         {"key", "KEY", "also say whether this row's contributing set holds the event"},
+         {"key", "KEY", "also say whether this row holds the event's effect (its effect key per projection)"},
          {"projection", "NAME", "the projection of --key (default: every projection with that row)"}},
         [this](const arguments& a) { return why(a); }});
     commands.push_back(command{
@@ -662,132 +702,7 @@ void tool::impl::add_builtin_commands() {
             o.flush();
             return 0;
         }});
-}
-
-int tool::impl::why(const arguments& a) const {
-    std::filesystem::path db = a.required("db");
-    require_environment(db);
-    std::string message_id;
-    std::string label;
-    std::string event_effect;  // the default effect key (its event id), when the event is named
-    if (auto ev_text = a.get("event")) {
-        auto slash = ev_text->rfind('/');
-        if (slash == std::string::npos || slash == 0 || slash + 1 == ev_text->size()) {
-            throw usage_error("option '--event': '" + *ev_text + "' is not SOURCE/ID");
-        }
-        envelope ev;
-        ev.source = ev_text->substr(0, slash);
-        ev.id = ev_text->substr(slash + 1);
-        message_id = ev.message_id();
-        event_effect = ev.event_id();
-        label = "event " + ev.source + " " + ev.id;
-    } else if (auto m = a.get("message")) {
-        message_id = transport_message_id(*m);
-        label = "message " + *m;
-    } else {
-        throw usage_error("give --event SOURCE/ID or --message ID");
-    }
-    auto snap = snapshot::open(db);
-    std::string answer;
-    std::string detail;
-    auto first = snap.inbox_lookup(consumer, message_id);
-    std::optional<dead_letter> dead;
-    std::uint64_t conflicts = 0;
-    for (auto& d : snap.dead_letters(consumer)) {
-        if (d.message_id != message_id) continue;
-        if (d.why == reason::id_conflict) {
-            ++conflicts;
-        } else if (!dead) {
-            dead = std::move(d);
-        }
-    }
-    const auto retention = snap.retention(consumer);
-    if (first) {
-        const auto when = " in commit " + std::to_string(first->commit) + " (first seen at " + time_text(first->stamp) + ")";
-        switch (first->outcome) {
-        case outcome_kind::applied: answer = "applied"; detail = label + " was applied" + when; break;
-        case outcome_kind::duplicate_event:
-            answer = "duplicate_event";
-            detail = label + " was a duplicate event" + when +
-                     ": every row it maps to already held its effect key, or its stream a later sequence";
-            break;
-        case outcome_kind::parked:
-            if (auto p = snap.parked_lookup(consumer, message_id)) {
-                answer = "parked";
-                detail = label + " is parked since commit " + std::to_string(first->commit) + ": sequence " +
-                         std::to_string(p->sequence) + " of '" + p->subject + "' waits for sequence " +
-                         std::to_string(p->waiting_for);
-            } else {
-                answer = "applied";
-                detail = label + " was parked" + when + " and applied once its stream reached it";
-            }
-            break;
-        case outcome_kind::dead_lettered:
-            answer = dead && dead->why == reason::late_event ? "late" : "dead_lettered";
-            detail = label + " was dead-lettered" + when +
-                     (dead ? ": " + std::string(to_string(dead->why)) + ": " + dead->detail : std::string());
-            break;
-        case outcome_kind::ignored: answer = "ignored"; detail = label + " was ignored" + when + ": no projection handles its type"; break;
-        case outcome_kind::duplicate_message: answer = "duplicate_message"; detail = label + " was a duplicate message" + when; break;
-        }
-        detail += "; later deliveries under the same id are duplicate messages";
-    } else if (dead) {
-        answer = dead->why == reason::late_event ? "late" : "dead_lettered";
-        detail = label + " was dead-lettered: " + std::string(to_string(dead->why)) + ": " + dead->detail;
-    } else if (retention.inbox_floor != 0) {
-        answer = "not_in_inbox";
-        detail = label + " is not in the inbox: never seen, or first seen before " + time_text(retention.inbox_floor) +
-                 " and pruned since (the inbox keeps ids from " + time_text(retention.oldest.value_or(0)) + ")";
-    } else {
-        answer = "never_seen";
-        detail = label + " was never seen by consumer '" + consumer + "'";
-    }
-    if (conflicts != 0) {
-        detail += "; " + std::to_string(conflicts) + " later deliver" + (conflicts == 1 ? "y" : "ies") +
-                  " under the same id with other content were dead-lettered as id_conflict (the first effect stands)";
-    }
-    std::string rows;
-    if (auto key = a.get("key")) {
-        if (event_effect.empty()) throw usage_error("option '--key' needs --event (the effect key is the event id)");
-        std::vector<std::string> names;
-        if (auto p = a.get("projection")) {
-            names.push_back(projection_named(*p).name());
-        } else {
-            names = projection_names();
-        }
-        rows = ",\"rows\":[";
-        bool any = false;
-        for (const auto& n : names) {
-            if (!a.get("projection") && !snap.raw_row(n, *key)) continue;
-            const bool holds = snap.contributed(n, *key, event_effect);
-            if (any) rows.push_back(',');
-            any = true;
-            rows += "{\"projection\":";
-            append_json_string(rows, n);
-            rows += ",\"key\":";
-            append_json_string(rows, *key);
-            rows += std::string(",\"holds_effect\":") + (holds ? "true" : "false") + "}";
-            detail += "; row '" + *key + "' of " + n + (holds ? " holds its effect" : " does not hold it under its event id");
-            if (!holds && snap.contributor_floor(n) != 0) {
-                detail += " (its effect keys from before " + time_text(snap.contributor_floor(n)) + " were pruned)";
-            }
-        }
-        rows += "]";
-    }
-    std::string out = "{\"answer\":";
-    append_json_string(out, answer);
-    if (first) {
-        append_kv(out, "commit", first->commit);
-        append_kv(out, "first_seen_ns", first->stamp);
-    }
-    out += ",\"detail\":";
-    append_json_string(out, detail);
-    out += rows + "}\n";
-    std::fprintf(stderr, "%s\n", detail.c_str());
-    output w;
-    w.write(out);
-    w.flush();
-    return 0;
+    for (auto& c : detail::operator_commands([this] { return context(); })) commands.push_back(std::move(c));
 }
 
 int tool::impl::usage(std::FILE* to) const {

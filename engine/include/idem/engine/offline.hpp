@@ -54,6 +54,9 @@ struct log_run_options {
     std::optional<log_format> format{};            ///< expected format (default: detected from each file)
     std::function<void(const log_progress&)> progress{};  ///< called after every batch
     const std::atomic<bool>* stop = nullptr;        ///< set to true to stop (consume commits what it read; a build fails)
+    /// Per log, in the order of logs: read only the records that end at or before this byte
+    /// offset (a build of the prefix a store has consumed, for verify). Empty: read every log whole.
+    std::vector<std::uint64_t> until{};
 };
 
 /// What a run did.
@@ -61,7 +64,8 @@ struct log_run_result {
     std::uint64_t records = 0;          ///< records applied (delivered to the store) by this run
     std::uint64_t skipped = 0;          ///< corrupt records skipped (skip_bad)
     std::vector<torn_log> torn{};       ///< logs that end in an incomplete record
-    consumer_stats stats{};             ///< the consumer's counters afterwards
+    consumer_stats stats{};             ///< the consumer's counters afterwards (store totals)
+    consumer_stats run{};               ///< what this run added to them
     std::chrono::steady_clock::duration elapsed{};
 };
 
@@ -120,5 +124,11 @@ struct comparison {
 /// Compares the named projections of two environments row by row.
 comparison compare(const std::filesystem::path& left, const std::filesystem::path& right,
                    const std::vector<std::string>& projections);
+/// The same over two snapshots (the paths name them in the difference).
+comparison compare(const snapshot& left, const std::filesystem::path& left_name, const snapshot& right,
+                   const std::filesystem::path& right_name, const std::vector<std::string>& projections);
+
+/// Returns after minus before, counter by counter (what a run added).
+consumer_stats difference(const consumer_stats& after, const consumer_stats& before);
 
 }  // namespace idem

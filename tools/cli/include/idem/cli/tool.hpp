@@ -59,6 +59,9 @@ public:
     bool flag(std::string_view name) const;
     /// Returns an unsigned integer option (accepts 1000000, 1_000_000, 1e6, 1M); throws usage_error naming it.
     std::uint64_t number(std::string_view name, std::uint64_t fallback) const;
+    /// Returns an unsigned integer option that must be at least 1 (a count or a size where 0 makes
+    /// no sense: --batch, --step); throws usage_error naming it.
+    std::uint64_t positive(std::string_view name, std::uint64_t fallback) const;
     /// Returns a decimal option in [0, 1] or any double; throws usage_error naming it.
     double real(std::string_view name, double fallback) const;
     /// Returns the command name (for messages).
