@@ -552,7 +552,8 @@ void tool::impl::add_builtin_commands() {
         }});
     commands.push_back(command{
         "verify",
-        "rebuild aside from the logs and compare every projection with DIR; exit 1 naming the first different row",
+        "rebuild aside from the logs and compare every projection with DIR; exit 1 naming the first different row, "
+        "3 if DIR is behind its logs (it equals them up to its checkpoints)",
         {db_option, {log_option.name, log_option.value, log_option.help + " (not with --store)", false, true},
          format_option, skip_bad_option, batch_option, inbox_retention_option, lateness_option,
          {"store", "", "instead, check DIR's pages and records for damage; exit 2 naming the first problems"}},
@@ -567,22 +568,57 @@ void tool::impl::add_builtin_commands() {
             auto aside = db;
             aside += ".verify-" + std::to_string(::getpid());
             remove_leftovers(db, ".verify-");  // of verifies that were killed
-            std::filesystem::remove_all(aside);
-            rebuild_options o;
+            // The rows compared are this snapshot's, and so are the checkpoints that say how far
+            // into each log they reach: a consumer committing meanwhile changes neither.
+            const auto snap = snapshot::open(db);
             progress_bar bar{"verify"};
-            log_run_from(a, aside, o, bar);
-            comparison c;
-            try {
-                build(o);
-                bar.finish();
-                c = compare(db, aside, projection_names());
-            } catch (...) {
+            // Builds the logs aside (each only up to until[i] if given) and compares with snap.
+            auto build_and_compare = [&](const std::vector<std::uint64_t>& until) {
                 std::filesystem::remove_all(aside);
-                throw;
+                rebuild_options o;
+                log_run_from(a, aside, o, bar);
+                o.until = until;
+                std::pair<comparison, std::uint64_t> r;
+                try {
+                    r.second = build(o).records;
+                    bar.finish();
+                    r.first = compare(snap, db, snapshot::open(aside), aside, projection_names());
+                } catch (...) {
+                    std::filesystem::remove_all(aside);
+                    throw;
+                }
+                std::filesystem::remove_all(aside);
+                return r;
+            };
+            auto [c, records] = build_and_compare({});
+            // A store that differs from its logs may only lag them: if each log's checkpoint is
+            // before its end and the store equals a build of the logs up to those checkpoints,
+            // it is behind (a consume still running, or logs appended since), not different.
+            std::optional<std::uint64_t> behind;
+            if (c.first_difference) {
+                std::vector<std::uint64_t> until;
+                bool lags = false;
+                for (const auto& l : a.all("log")) {
+                    const auto at = snap.checkpoint(consumer, log_source(l));
+                    std::error_code ec;
+                    const auto size = std::filesystem::file_size(l, ec);
+                    until.push_back(at.value_or(0));
+                    if (at && !ec && *at < size) lags = true;
+                }
+                if (lags) {
+                    auto [prefix, prefix_records] = build_and_compare(until);
+                    if (!prefix.first_difference) {
+                        behind = records > prefix_records ? records - prefix_records : 0;
+                        c = std::move(prefix);
+                    }
+                }
             }
-            std::filesystem::remove_all(aside);
             std::string out = "{\"match\":";
-            out += c.first_difference ? "false" : "true";
+            out += c.first_difference || behind ? "false" : "true";
+            if (behind) {
+                out += ",\"behind\":true";
+                append_kv(out, "behind_by", *behind);
+            }
             out += ",\"projections\":[";
             for (std::size_t i = 0; i < c.left.size(); ++i) {
                 if (i != 0) out.push_back(',');
@@ -605,6 +641,13 @@ void tool::impl::add_builtin_commands() {
             output o2;
             o2.write(out);
             o2.flush();
+            if (behind) {
+                std::fprintf(stderr,
+                             "%s verify: %s is behind its logs by %s events: it equals a build of the logs up to its "
+                             "checkpoints\n",
+                             name.c_str(), db.c_str(), with_commas(*behind).c_str());
+                return 3;
+            }
             if (c.first_difference) {
                 std::fprintf(stderr, "%s verify: %s differs from its logs: %s\n", name.c_str(), db.c_str(),
                              c.first_difference->c_str());
@@ -710,7 +753,7 @@ int tool::impl::usage(std::FILE* to) const {
                  name.c_str());
     for (const auto& c : commands) std::fprintf(to, "  %-12s %s\n", c.name.c_str(), c.summary.c_str());
     std::fprintf(to, "\nexit status: 0 success (dead-lettered input is counted, not an error), 1 usage error,\n"
-                     "2 I/O or storage failure.\n");
+                     "2 I/O or storage failure; verify: 1 differs, 3 behind its logs.\n");
     return to == stdout ? 0 : 1;
 }
 
