@@ -259,7 +259,6 @@ redrive_result store::redrive(const redrive_options& options) {
                        "later sequence of its stream");
                 continue;
             }
-            op.txn().del(op.dead_table(), codec::u64_key(position));
             positions.push_back(position);
             if (!parsed) {
                 op.dead_letter(err.why, "malformed event: " + err.detail, item.message_id, v);
@@ -276,6 +275,10 @@ redrive_result store::redrive(const redrive_options& options) {
             result.items.push_back(std::move(item));
         }
         if (positions.empty()) return false;  // nothing taken: nothing to commit
+        // What failed again is written first, so its positions follow every existing one and a
+        // position is never reused; then the dead letters taken leave, in the same transaction.
+        op.write_dead_letters();
+        for (auto position : positions) op.txn().del(op.dead_table(), codec::u64_key(position));
         result.commit = op.commit();
         operator_action a;
         a.action = "redrive";

@@ -29,6 +29,8 @@ public:
     virtual outcome reapply(const envelope& ev, std::string_view message_id, std::string_view body) = 0;
     /// Dead-letters a body with the batch.
     virtual void dead_letter(reason why, std::string detail, std::string_view message_id, std::string_view body) = 0;
+    /// Writes the dead letters staged so far into the transaction (positions after every existing one).
+    virtual void write_dead_letters() = 0;
     /// Returns the stream's highest sequence as the batch sees it.
     virtual std::uint64_t stream_highest(const std::string& subject) = 0;
     /// Sets the stream's highest sequence, then releases its parked successors in order.

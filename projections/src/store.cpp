@@ -996,6 +996,7 @@ public:
     void dead_letter(reason why, std::string detail, std::string_view message_id, std::string_view body) override {
         run_.dead(why, std::move(detail), message_id, body);
     }
+    void write_dead_letters() override { run_.write_dead_letters(); }
     std::uint64_t stream_highest(const std::string& subject) override { return run_.stream(subject).highest; }
     void release_after(const std::string& subject, std::uint64_t highest) override {
         set_stream(subject, highest);

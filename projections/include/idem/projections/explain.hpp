@@ -17,8 +17,9 @@ namespace idem {
 
 /// What to explain: an event (source and id) or a transport message id; optionally rows.
 struct why_query {
-    std::string source, id;                  ///< the event (both set), or
-    std::string message;                     ///< the transport message id it was delivered under
+    std::string source{};                    ///< the event: its source and id (both set), or
+    std::string id{};
+    std::string message{};                   ///< the transport message id it was delivered under
     std::optional<std::string> key{};        ///< also: does this row hold the event's effect?
     std::vector<const projection_base*> projections{};  ///< whose rows to check (those with a row `key`)
 };
