@@ -350,7 +350,7 @@ void tool::impl::add_builtin_commands() {
             rebuild_options o;
             progress_bar bar{"rebuild"};
             log_run_from(a, a.required("db"), o, bar);
-            const auto mb = a.positive("memory", 1024);
+            const auto mb = a.number("memory", 1024);  // 0: rows are written after every batch
             if (mb > (std::uint64_t{1} << 40)) throw usage_error("option '--memory': " + std::to_string(mb) + " MB is too large");
             o.memory_budget = static_cast<std::size_t>(mb) << 20;
             auto r = rebuild(o);
@@ -603,7 +603,7 @@ void tool::impl::add_builtin_commands() {
                     std::error_code ec;
                     const auto size = std::filesystem::file_size(l, ec);
                     until.push_back(at.value_or(0));
-                    if (at && !ec && *at < size) lags = true;
+                    if (!ec && at.value_or(0) < size) lags = true;  // no checkpoint: nothing of it consumed yet
                 }
                 if (lags) {
                     auto [prefix, prefix_records] = build_and_compare(until);
