@@ -594,8 +594,8 @@ class bad_input_test(cli_case):
              "idem prune: option '--older-than': 'later' is not a duration (7d, 1h, 90m, 30s)"),
             (["why", "--db", db], "idem why: give --event SOURCE/ID or --message ID"),
             (["why", "--db", db, "--event", "no-slash"], "idem why: option '--event': 'no-slash' is not SOURCE/ID"),
-            (["why", "--db", db, "--message", "m-1", "--key", "k"],
-             "idem why: option '--key' needs --event (the effect key is the event id)"),
+            (["why", "--db", db, "--event", "/s/x", "--key", "k", "--projection", "nope"],
+             "idem why: no projection named 'nope' (this tool has: order-totals, positions, leaderboard, inventory)"),
         ]:
             p = run(*args, check=False)
             self.assertEqual(p.returncode, 1, args)
