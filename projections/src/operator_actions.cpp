@@ -145,6 +145,10 @@ std::string ranges(const std::vector<sequence_range>& v) {
 
 release_result store::release(std::string_view subject_view, const release_options& options) {
     const std::string subject(subject_view);
+    if (this->options().gaps != gap_policy::park && !options.drop) {
+        throw_error(errc::invalid_argument, "releasing parked events applies them as the park gap policy does; "
+                                            "this store was opened with another policy");
+    }
     const auto audit = env()->table(audit_table(this->options().consumer));  // before the write transaction
     release_result result;
     operate([&](detail::operator_session& op) {
