@@ -8,9 +8,11 @@
 //       return tool.run(argc, argv);
 //   }
 //
-// gives rebuild, consume, get, dump, stats, deadletters, verify and convert over those
-// projections. Exit status: 0 success (dead-lettered input is counted, not an error),
-// 1 usage error (or a row that does not exist, or verify found a difference),
+// gives rebuild, consume, get, dump, stats, deadletters, verify, convert, why, prune and the
+// operator commands parked, release, redrive and audit over those projections. Exit status:
+// 0 success (dead-lettered input is counted, not an error),
+// 1 usage error (or a row that does not exist, or verify found a difference), 3 verify found
+// the store behind its logs (equal to them up to its checkpoints),
 // 2 I/O or storage failure, or a damaged store (verify --store; a read that faults inside
 // a damaged map is reported, not left to kill the process); messages name the file and the cause.
 
