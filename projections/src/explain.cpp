@@ -86,11 +86,13 @@ explanation explain(const snapshot& snap, std::string_view consumer_view, const 
     auto candidate = [&](std::string_view m) {
         return std::find(candidates.begin(), candidates.end(), m) != candidates.end();
     };
+    // The event may have arrived under several ids (a transport id, then re-sent): its story
+    // starts with the earliest commit.
     for (const auto& m : candidates) {
-        if (auto r = snap.inbox_lookup(consumer, m)) {
+        auto r = snap.inbox_lookup(consumer, m);
+        if (r && (!x.first || r->commit < x.first->commit)) {
             x.first = r;
             x.message_id = m;
-            break;
         }
     }
     envelope_parser parser;
