@@ -61,6 +61,8 @@ public:
             ::pthread_setname_np(::pthread_self(), "idem-log-reader");
             try {
                 for (std::size_t i = 0; i < options_.logs.size() && !stopping(); ++i) {
+                    // UINT64_MAX: the whole log (a std::optional here trips GCC's maybe-uninitialized).
+                    until_ = i < options_.until.size() ? options_.until[i] : UINT64_MAX;
                     read_log(options_.logs[i], resume, follow && i + 1 == options_.logs.size());
                 }
             } catch (...) {
@@ -191,9 +193,14 @@ private:
             last.finished = finished;
             return hand_over(source, last, finished);
         };
+        bool at_limit = false;  // a prefix of the log (until_): the rest is not read
         auto read_available = [&]() {
             log_record record;
             while (reader.next(record)) {
+                if (record.end > until_) {
+                    at_limit = true;  // a prefix of the log: the rest is not read
+                    break;
+                }
                 auto& d = batch_[used_++];
                 d.body.assign(record.body);
                 d.message_id.clear();
@@ -210,7 +217,7 @@ private:
         };
         for (;;) {
             if (!read_available() || !hand_over_read(false)) return false;
-            if (stopping()) break;
+            if (stopping() || at_limit) break;
             if (predecessor) {
                 if (!hand_over_read(true)) return false;
                 break;
@@ -330,6 +337,7 @@ private:
     clock::time_point started_ = clock::now();
 
     // Reader thread only.
+    std::uint64_t until_ = UINT64_MAX;  // the log being read is read up to this offset (verify's prefix builds)
     std::vector<delivery> batch_;
     std::size_t used_ = 0;
     std::uint64_t records_read_ = 0;
@@ -399,6 +407,7 @@ log_run_result build(const rebuild_options& options) {
         }
         s.end_bulk();
         result.stats = s.read().stats(so.consumer);
+        result.run = result.stats;  // a build starts from nothing
         s.env()->sync(true);
     }
     fsync_dir(normalized_dir(dir).parent_path());
@@ -496,13 +505,28 @@ log_run_result rebuild(const rebuild_options& options) {
     return result;
 }
 
+consumer_stats difference(const consumer_stats& after, const consumer_stats& before) {
+    auto minus = [](std::uint64_t a, std::uint64_t b) { return a > b ? a - b : 0; };
+    consumer_stats d;
+    for (std::size_t i = 0; i < outcome_kinds; ++i) d.outcomes[i] = minus(after.outcomes[i], before.outcomes[i]);
+    d.released = minus(after.released, before.released);
+    d.batches = minus(after.batches, before.batches);
+    d.late_events = minus(after.late_events, before.late_events);
+    d.id_conflicts = minus(after.id_conflicts, before.id_conflicts);
+    d.pruned_ids = minus(after.pruned_ids, before.pruned_ids);
+    d.pruned_contributors = minus(after.pruned_contributors, before.pruned_contributors);
+    return d;
+}
+
 log_run_result consume(const consume_options& options) {
     store s{options.store};
     if (options.setup) options.setup(s);
+    const auto before = s.read().stats(options.store.consumer);
     log_run run{s, options};
     run.restart_changed_logs(options.restart_changed_logs);
     auto result = run.run(true, options.follow, options.poll, options.stop);
     result.stats = s.read().stats(options.store.consumer);
+    result.run = difference(result.stats, before);
     return result;
 }
 
@@ -534,17 +558,33 @@ std::string describe_row(const snapshot::raw_row_view& r) {
 
 comparison compare(const std::filesystem::path& left, const std::filesystem::path& right,
                    const std::vector<std::string>& projections) {
+    return compare(snapshot::open(left), left, snapshot::open(right), right, projections);
+}
+
+comparison compare(const snapshot& l, const std::filesystem::path& left, const snapshot& r,
+                   const std::filesystem::path& right, const std::vector<std::string>& projections) {
     comparison out;
-    auto l = snapshot::open(left);
-    auto r = snapshot::open(right);
     for (const auto& name : projections) {
         // Both sides in key order, in step: memory stays flat however large the environments.
         projection_digest ld{name, 0, 0xcbf29ce484222325ULL};
         projection_digest rd{name, 0, 0xcbf29ce484222325ULL};
-        auto lrows = l.read_rows(name);
-        auto rrows = r.read_rows(name);
-        auto a = lrows.next();
-        auto b = rrows.next();
+        // A projection without a table (a store that has not written it yet) has no rows.
+        auto open_rows = [&](const snapshot& snap) {
+            std::optional<snapshot::row_reader> rows;
+            try {
+                rows.emplace(snap.read_rows(name));
+            } catch (const std::system_error& e) {
+                if (e.code() != errc::unknown_projection) throw;
+            }
+            return rows;
+        };
+        auto lrows = open_rows(l);
+        auto rrows = open_rows(r);
+        auto next = [](std::optional<snapshot::row_reader>& rows) {
+            return rows ? rows->next() : std::optional<snapshot::raw_row_view>{};
+        };
+        auto a = next(lrows);
+        auto b = next(rrows);
         const std::string where = "projection '" + name + "': ";
         auto note = [&](std::string what) {
             if (!out.first_difference) out.first_difference = where + std::move(what);
@@ -569,12 +609,12 @@ comparison compare(const std::filesystem::path& left, const std::filesystem::pat
             if (take_a) {
                 ld.digest = fnv1a(fnv1a(ld.digest, a->key), row_bytes(*a));
                 ++ld.rows;
-                a = lrows.next();
+                a = next(lrows);
             }
             if (take_b) {
                 rd.digest = fnv1a(fnv1a(rd.digest, b->key), row_bytes(*b));
                 ++rd.rows;
-                b = rrows.next();
+                b = next(rrows);
             }
         }
         out.left.push_back(ld);

@@ -33,7 +33,7 @@ idem::cli::command gen_command() {
                 throw idem::cli::usage_error("option '--domain': '" + o.domain + "' is not trading, game or orders");
             }
             o.events = a.number("events", o.events);
-            o.aggregates = std::max<std::uint64_t>(1, a.number("aggregates", o.aggregates));
+            o.aggregates = a.positive("aggregates", o.aggregates);
             o.redeliver = a.real("redeliver", o.redeliver);
             o.republish = a.real("republish", o.republish);
             o.reissue = a.real("reissue", o.reissue);

@@ -1,5 +1,7 @@
 #include <idem/projections/store.hpp>
 
+#include "event_ids.hpp"
+#include "operator_session.hpp"
 #include "row_journal.hpp"
 
 #include <idem/storage/canonical.hpp>
@@ -148,13 +150,21 @@ std::string_view take_str(std::string_view& in) {
     return s;
 }
 
+// A too_large body is kept as its first dead_letter_prefix bytes with its size and digest:
+// the reason byte's top bit marks that form (reasons stay below 128).
 std::string encode_dead_letter(reason why, std::string_view detail, std::string_view message_id,
                                std::string_view body, std::uint64_t time_ns) {
+    const bool cut = why == reason::too_large && body.size() > dead_letter_prefix;
     std::string out;
-    out.push_back(static_cast<char>(why));
+    out.push_back(static_cast<char>(static_cast<unsigned>(why) | (cut ? 0x80u : 0u)));
     codec::put_u64_le(out, time_ns);
     put_str(out, message_id);
     put_str(out, detail);
+    if (cut) {
+        codec::put_u64_le(out, body.size());
+        codec::put_u64_le(out, body_digest(body));
+        body = body.substr(0, dead_letter_prefix);
+    }
     out.append(body);
     return out;
 }
@@ -163,11 +173,20 @@ dead_letter decode_dead_letter(std::uint64_t position, std::string_view v) {
     if (v.size() < 9) throw_error(errc::corrupt_record, "truncated dead letter");
     dead_letter d;
     d.position = position;
-    d.why = static_cast<reason>(static_cast<unsigned char>(v[0]));
+    const auto first = static_cast<unsigned char>(v[0]);
+    d.why = static_cast<reason>(first & 0x7fu);
     d.time_ns = codec::get_u64_le(v.substr(1));
     v.remove_prefix(9);
     d.message_id = take_str(v);
     d.detail = take_str(v);
+    d.body_size = v.size();
+    if ((first & 0x80u) != 0) {
+        if (v.size() < 16) throw_error(errc::corrupt_record, "truncated dead letter");
+        d.truncated = true;
+        d.body_size = codec::get_u64_le(v);
+        d.body_digest = codec::get_u64_le(v.substr(8));
+        v.remove_prefix(16);
+    }
     d.body = v;
     return d;
 }
@@ -216,6 +235,7 @@ struct store::impl {
     MDB_dbi checkpoints = 0;
     MDB_dbi collisions = 0;
     std::unique_ptr<id_log> ids;  // the inbox
+    std::unique_ptr<detail::event_id_log> event_ids;  // event ids of deliveries under transport ids
     std::vector<std::unique_ptr<projection_base>> projections;
     std::vector<MDB_dbi> tables;
     std::vector<std::unique_ptr<id_log>> contributors;  // per projection: row + effect key pairs
@@ -241,6 +261,7 @@ struct store::impl {
         return options.retention.inbox_retention.has_value() || options.retention.allowed_lateness.has_value();
     }
     std::vector<outcome> run(const prepared_batch& batch, const std::optional<checkpoint>& at);
+    void run_operator(const std::function<bool(detail::operator_session&)>& fn);
     std::vector<outcome> run_bulk(const prepared_batch& batch, const std::optional<checkpoint>& at);
     void abandon_bulk();
     void open_tables() {
@@ -252,6 +273,7 @@ struct store::impl {
         auto new_checkpoints = env->table("checkpoint/" + options.consumer);
         auto new_collisions = env->table("collision/" + options.consumer);
         auto new_ids = std::make_unique<id_log>(*env, "inbox/" + options.consumer, 3);
+        auto new_event_ids = std::make_unique<detail::event_id_log>(*env, options.consumer, new_ids->table());
         std::vector<MDB_dbi> new_tables;
         std::vector<std::unique_ptr<id_log>> new_contributors;
         std::vector<std::unique_ptr<detail::row_journal>> new_journals;
@@ -266,6 +288,7 @@ struct store::impl {
         checkpoints = new_checkpoints;
         collisions = new_collisions;
         ids = std::move(new_ids);
+        event_ids = std::move(new_event_ids);
         tables = std::move(new_tables);
         contributors = std::move(new_contributors);
         journals = std::move(new_journals);
@@ -505,12 +528,15 @@ private:
 
 // The state of one batch while it is being applied; written out at the end, in key order.
 class batch_run {
+    friend class operator_run;
+
 public:
     /// Starts on a fresh write transaction: catches the id indexes up with other writers and
     /// reads the consumer's counters and the number this batch will commit as.
     /// A bulk build writes rows straight into the row tables (it folds the journals in first).
     batch_run(store::impl& s, write_txn& txn, bool bulk = false) : s_(s), txn_(txn), bulk_(bulk) {
         s_.ids->catch_up(txn_);
+        s_.event_ids->clear();
         for (auto& c : s_.contributors) c->catch_up(txn_);
         for (std::size_t p = 0; p < s_.journals.size(); ++p) {
             s_.journals[p]->catch_up(txn_);
@@ -676,6 +702,10 @@ outcome batch_run::deliver(const prepared_batch::item& d) {
     // A collision's id is in the inbox already (the first event's); this event is not recorded under it.
     const bool record = !message_id.empty() && !collision;
     if (record) s_.ids->stage(message_id, stamp, hash);
+    // Transport ids ('m' unnamed transport, 't' named) are what `why --event` must map back to the event.
+    if (record && !malformed && (message_id.starts_with('m') || message_id.starts_with('t'))) {
+        s_.event_ids->stage(message_id, d.ev.event_id(), stamp);
+    }
     auto result = malformed ? dead(d.err.why, "malformed event: " + d.err.detail, message_id, d.body)
                             : process(d.ev, d.time_ns, message_id, d.body, d.parts);
     if (record) s_.ids->annotate_last({d.fingerprint, inbox_word(commit_, result.kind), d.identity});
@@ -1043,6 +1073,7 @@ void batch_run::spill(std::size_t budget) {
     }
     s_.ids->write(txn_);
     s_.ids->committed();
+    s_.event_ids->write(txn_);
     write_dead_letters();
     write_collisions();
     if (row_bytes_ > budget) {
@@ -1080,6 +1111,7 @@ void batch_run::finish() {
     write_rows();
     for (auto& c : s_.contributors) c->write(txn_);
     s_.ids->write(txn_);
+    s_.event_ids->write(txn_);
     write_dead_letters();
     write_collisions();
     std::vector<std::pair<std::string_view, std::uint64_t>> dirty_streams;
@@ -1108,7 +1140,70 @@ void batch_run::finish() {
     txn_.put(s_.meta, commit_key, value);
 }
 
+// An operator action's view of a batch run (detail::operator_session).
+class operator_run final : public detail::operator_session {
+public:
+    explicit operator_run(batch_run& run) : run_(run) {}
+    write_txn& txn() override { return run_.txn_; }
+    std::uint64_t commit() const override { return run_.commit_; }
+    std::uint64_t now() const override { return run_.time_ns_; }
+    MDB_dbi parked_table() const override { return run_.s_.parked; }
+    MDB_dbi dead_table() const override { return run_.s_.dead; }
+    outcome reapply(const envelope& ev, std::string_view message_id, std::string_view body) override {
+        return run_.apply_projections(ev, message_id, body, nullptr);
+    }
+    void dead_letter(reason why, std::string detail, std::string_view message_id, std::string_view body) override {
+        run_.dead(why, std::move(detail), message_id, body);
+    }
+    void write_dead_letters() override { run_.write_dead_letters(); }
+    std::uint64_t stream_highest(const std::string& subject) override { return run_.stream(subject).highest; }
+    void release_after(const std::string& subject, std::uint64_t highest) override {
+        set_stream(subject, highest);
+        run_.release_parked(subject);
+    }
+    void set_stream(const std::string& subject, std::uint64_t highest) override {
+        run_.stream(subject) = batch_run::stream_state{highest, true};
+    }
+    void unpark(const std::string& key) override { run_.parked_[key] = std::nullopt; }
+    bool is_parked(const std::string& key) const override { return run_.parked_value(key).has_value(); }
+
+private:
+    batch_run& run_;
+};
+
 }  // namespace
+
+void store::impl::run_operator(const std::function<bool(detail::operator_session&)>& fn) {
+    write_txn txn{*env};
+    batch_run run{*this, txn};
+    operator_run op{run};
+    if (!fn(op)) {
+        rolled_back();  // aborted by txn's destructor
+        return;
+    }
+    run.finish();
+    if (options.before_commit) options.before_commit(run.commit());
+    txn.commit();
+    ids->committed();
+    for (auto& c : contributors) c->committed();
+}
+
+void store::operate(const std::function<bool(detail::operator_session&)>& fn) {
+    if (impl_->bulk) throw_error(errc::invalid_argument, "an operator action cannot run during a bulk build");
+    for (;;) {
+        try {
+            impl_->run_operator(fn);
+            return;
+        } catch (const std::system_error& e) {
+            impl_->rolled_back();
+            if (e.code() != errc::map_full) throw;
+        } catch (...) {
+            impl_->rolled_back();
+            throw;
+        }
+        impl_->env->grow();
+    }
+}
 
 prune_result store::impl::prune_step(write_txn& txn, const prune_limits& limits, clock_record clock,
                                      consumer_stats& stats, std::vector<std::pair<std::size_t, id_log::prune_step>>& steps) {

@@ -38,8 +38,24 @@ std::string_view to_string(reason r) noexcept {
     case reason::missing_specversion: return "missing_specversion";
     case reason::future_event: return "future_event";
     case reason::transport_collision: return "transport_collision";
+    case reason::released_dropped: return "released_dropped";
     }
     return "unknown";
+}
+
+std::vector<reason> dead_letter_reasons() {
+    std::vector<reason> out;
+    for (auto r = static_cast<int>(reason::invalid_json); r <= static_cast<int>(reason::released_dropped); ++r) {
+        out.push_back(static_cast<reason>(r));
+    }
+    return out;
+}
+
+std::optional<reason> reason_from_string(std::string_view name) noexcept {
+    for (auto r = static_cast<int>(reason::invalid_json); r <= static_cast<int>(reason::released_dropped); ++r) {
+        if (to_string(static_cast<reason>(r)) == name) return static_cast<reason>(r);
+    }
+    return std::nullopt;
 }
 
 std::string envelope::event_id() const {

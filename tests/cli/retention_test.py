@@ -27,6 +27,11 @@ def event(eid, order, amount, time, seq=None, subject=None, msgid=None, typ="ord
     return json.dumps(e)
 
 
+
+def rows(answer):
+    """The rows of a `why --key` answer without their effect key and note."""
+    return [{k: r[k] for k in ("projection", "key", "holds_effect")} for r in answer["rows"]]
+
 class retention_cli_test(cli_case):
     def write_log(self, name, lines):
         with open(self.path(name), "w") as f:
@@ -56,11 +61,11 @@ class retention_cli_test(cli_case):
         self.assertEqual(a["commit"], 1)
         self.assertIn("id_conflict", a["detail"])
         # Its effect key was pruned with the horizon (14:00 - 1h); without a horizon the row holds it.
-        self.assertEqual(a["rows"], [{"projection": "order-totals", "key": "o1", "holds_effect": False}])
+        self.assertEqual(rows(a), [{"projection": "order-totals", "key": "o1", "holds_effect": False}])
         self.assertIn("were pruned", a["detail"])
         run("rebuild", "--db", self.path("kept"), "--log", log)
         kept = self.why(self.path("kept"), "--event", "/shop/a", "--key", "o1")
-        self.assertEqual(kept["rows"], [{"projection": "order-totals", "key": "o1", "holds_effect": True}])
+        self.assertEqual(rows(kept), [{"projection": "order-totals", "key": "o1", "holds_effect": True}])
         self.assertEqual(self.why(db, "--message", "m-2")["answer"], "duplicate_event")
         p = self.why(db, "--event", "/shop/p")
         self.assertEqual(p["answer"], "parked")

@@ -97,6 +97,12 @@ std::uint64_t arguments::number(std::string_view name, std::uint64_t fallback) c
     return static_cast<std::uint64_t>(d);
 }
 
+std::uint64_t arguments::positive(std::string_view name, std::uint64_t fallback) const {
+    const auto n = number(name, fallback);
+    if (n == 0) throw usage_error("option '--" + std::string(name) + "': must be at least 1");
+    return n;
+}
+
 double arguments::real(std::string_view name, double fallback) const {
     auto v = get(name);
     if (!v) return fallback;

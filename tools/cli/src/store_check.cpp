@@ -73,6 +73,8 @@ record_counts read_records(environment_report& r, const std::filesystem::path& d
     // Lookups of an id no record holds walk every record of the inbox and the parked events.
     read_part(r, "inbox/" + consumer, [&] { snap->inbox_lookup(consumer, std::string_view("\0", 1)); });
     read_part(r, "parked/" + consumer, [&] { snap->parked_lookup(consumer, std::string_view("\0", 1)); });
+    read_part(r, "eventids/" + consumer, [&] { snap->event_id_of(consumer, std::string_view("\0", 1)); });
+    read_part(r, "audit/" + consumer, [&] { snap->operator_actions(consumer); });
     return n;
 }
 

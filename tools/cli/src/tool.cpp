@@ -1,5 +1,6 @@
 #include <idem/cli/tool.hpp>
 
+#include "commands.hpp"
 #include "map_fault.hpp"
 #include "store_check.hpp"
 
@@ -157,7 +158,9 @@ std::string run_json(const log_run_result& r) {
     append_kv(out, "skipped", r.skipped);
     out += ",\"seconds\":" + fixed(seconds(r.elapsed), 3);
     out += ",\"events_per_second\":" + std::to_string(std::uint64_t(double(r.records) / std::max(seconds(r.elapsed), 1e-9)));
-    out += ",\"outcomes\":" + outcomes_json(r.stats);
+    out += ",\"outcomes\":" + outcomes_json(r.stats);  // the store's totals (as before this_run existed)
+    out += ",\"this_run\":" + outcomes_json(r.run);
+    out += ",\"store_totals\":" + outcomes_json(r.stats);
     out += ",\"torn\":[";
     for (std::size_t i = 0; i < r.torn.size(); ++i) {
         if (i != 0) out.push_back(',');
@@ -172,15 +175,18 @@ std::string run_json(const log_run_result& r) {
     return out;
 }
 
+std::string outcomes_text(const consumer_stats& s) {
+    auto at = [&](outcome_kind k) { return with_commas(s.outcomes[static_cast<std::size_t>(k)]); };
+    return "applied " + at(outcome_kind::applied) + ", duplicate message " + at(outcome_kind::duplicate_message) +
+           ", duplicate event " + at(outcome_kind::duplicate_event) + ", parked " + at(outcome_kind::parked) +
+           " (released " + with_commas(s.released) + "), dead-lettered " + at(outcome_kind::dead_lettered) +
+           ", ignored " + at(outcome_kind::ignored);
+}
+
 std::string summary_line(std::string_view what, const log_run_result& r) {
-    const auto& o = r.stats.outcomes;
-    auto at = [&](outcome_kind k) { return with_commas(o[static_cast<std::size_t>(k)]); };
     std::string line = std::string(what) + ": " + with_commas(r.records) + " events in " + fixed(seconds(r.elapsed), 2) +
                        " s (" + with_commas(std::uint64_t(double(r.records) / std::max(seconds(r.elapsed), 1e-9))) +
-                       " events/s); applied " + at(outcome_kind::applied) + ", duplicate message " +
-                       at(outcome_kind::duplicate_message) + ", duplicate event " + at(outcome_kind::duplicate_event) +
-                       ", parked " + at(outcome_kind::parked) + " (released " + with_commas(r.stats.released) +
-                       "), dead-lettered " + at(outcome_kind::dead_lettered) + ", ignored " + at(outcome_kind::ignored);
+                       " events/s); this run: " + outcomes_text(r.run) + "; store totals: " + outcomes_text(r.stats);
     if (r.skipped != 0) line += ", " + with_commas(r.skipped) + " corrupt records skipped";
     for (const auto& t : r.torn) {
         line += "\n  " + t.log.string() + ": incomplete last record at offset " + std::to_string(t.offset) +
@@ -349,7 +355,7 @@ struct tool::impl {
         o.setup = setup();
         o.format = parse_format(a);
         o.skip_bad = a.flag("skip-bad");
-        o.batch = static_cast<std::size_t>(std::max<std::uint64_t>(1, a.number("batch", o.batch)));
+        o.batch = static_cast<std::size_t>(a.positive("batch", o.batch));
         o.progress = [&bar](const log_progress& p) { bar.update(p); };
         o.stop = &stop_requested;
         o.store.wait_for_writer = writer_wait(a, db);
@@ -372,8 +378,19 @@ struct tool::impl {
         };
     }
 
+    detail::tool_context context() const {
+        detail::tool_context t;
+        t.name = name;
+        t.consumer = consumer;
+        t.projections = projections;
+        t.store_for = [this](const std::filesystem::path& db) { return store_for(db); };
+        t.setup = setup();
+        t.writer_wait = [this](const arguments& a, const std::filesystem::path& db) { return writer_wait(a, db); };
+        return t;
+    }
+
     void add_builtin_commands();
-    int why(const arguments& a) const;
+    int why(const arguments& a) const { return detail::why(context(), a); }
     int usage(std::FILE* to) const;
     int help(const command& c, std::FILE* to) const;
 };
@@ -390,7 +407,7 @@ void tool::impl::add_builtin_commands() {
             rebuild_options o;
             progress_bar bar{"rebuild"};
             log_run_from(a, a.required("db"), o, bar);
-            const auto mb = a.number("memory", 1024);
+            const auto mb = a.number("memory", 1024);  // 0: rows are written after every batch
             if (mb > (std::uint64_t{1} << 40)) throw usage_error("option '--memory': " + std::to_string(mb) + " MB is too large");
             o.memory_budget = static_cast<std::size_t>(mb) << 20;
             auto r = rebuild(o);
@@ -531,11 +548,20 @@ void tool::impl::add_builtin_commands() {
     commands.push_back(command{
         "deadletters",
         "print the dead letters as JSON Lines: position, reason, detail, message id, time, and the event",
-        {db_option,
+        {db_option, {"reason", "R", "only dead letters with this reason"},
          {"collisions", "", "instead, the transport collisions: deliveries under a transport id another event had "
                             "used, each judged as a new message (its outcome in the detail)"}},
         [this](const arguments& a) {
             std::filesystem::path db = a.required("db");
+            std::optional<reason> only;
+            if (auto r = a.get("reason")) {
+                only = reason_from_string(*r);
+                if (!only) {
+                    std::string known;
+                    for (auto k : dead_letter_reasons()) known += (known.empty() ? "" : ", ") + std::string(to_string(k));
+                    throw usage_error("option '--reason': '" + *r + "' is not a reason (" + known + ")");
+                }
+            }
             require_environment(db);
             auto snap = snapshot::open(db);
             simdjson::dom::parser parser;
@@ -543,6 +569,7 @@ void tool::impl::add_builtin_commands() {
             std::string line;
             std::string compact;
             for (const auto& d : a.flag("collisions") ? snap.collisions(consumer) : snap.dead_letters(consumer)) {
+                if (only && d.why != *only) continue;
                 line = "{";
                 append_kv(line, "position", d.position, false);
                 line += ",\"reason\":";
@@ -558,6 +585,19 @@ void tool::impl::add_builtin_commands() {
                     append_json_string(line, transport);
                 }
                 append_kv(line, "time_ns", d.time_ns);
+                append_kv(line, "size", d.body_size);
+                if (d.truncated) {
+                    // Only the first bytes were kept: the body is a prefix, never parsed as the event.
+                    line += ",\"truncated\":true";
+                    append_kv(line, "kept", d.body.size());
+                    char hex[32];
+                    std::snprintf(hex, sizeof hex, "%016" PRIx64, d.body_digest);
+                    line += ",\"digest\":\"fnv1a64:" + std::string(hex) + "\",\"body_prefix\":";
+                    append_json_string(line, d.body);
+                    line += "}\n";
+                    out.write(line);
+                    continue;
+                }
                 compact.resize(d.body.size());
                 std::size_t n = 0;
                 simdjson::padded_string padded{d.body};
@@ -578,7 +618,8 @@ void tool::impl::add_builtin_commands() {
         }});
     commands.push_back(command{
         "verify",
-        "rebuild aside from the logs and compare every projection with DIR; exit 1 naming the first different row",
+        "rebuild aside from the logs and compare every projection with DIR; exit 1 naming the first different row, "
+        "3 if DIR is behind its logs (it equals them up to its checkpoints)",
         {db_option, {log_option.name, log_option.value, log_option.help + " (not with --store)", false, true},
          format_option, skip_bad_option, batch_option, inbox_retention_option, lateness_option, transport_option,
          future_skew_option, resend_option,
@@ -594,22 +635,57 @@ void tool::impl::add_builtin_commands() {
             auto aside = db;
             aside += ".verify-" + std::to_string(::getpid());
             remove_leftovers(db, ".verify-");  // of verifies that were killed
-            std::filesystem::remove_all(aside);
-            rebuild_options o;
+            // The rows compared are this snapshot's, and so are the checkpoints that say how far
+            // into each log they reach: a consumer committing meanwhile changes neither.
+            const auto snap = snapshot::open(db);
             progress_bar bar{"verify"};
-            log_run_from(a, aside, o, bar);
-            comparison c;
-            try {
-                build(o);
-                bar.finish();
-                c = compare(db, aside, projection_names());
-            } catch (...) {
+            // Builds the logs aside (each only up to until[i] if given) and compares with snap.
+            auto build_and_compare = [&](const std::vector<std::uint64_t>& until) {
                 std::filesystem::remove_all(aside);
-                throw;
+                rebuild_options o;
+                log_run_from(a, aside, o, bar);
+                o.until = until;
+                std::pair<comparison, std::uint64_t> r;
+                try {
+                    r.second = build(o).records;
+                    bar.finish();
+                    r.first = compare(snap, db, snapshot::open(aside), aside, projection_names());
+                } catch (...) {
+                    std::filesystem::remove_all(aside);
+                    throw;
+                }
+                std::filesystem::remove_all(aside);
+                return r;
+            };
+            auto [c, records] = build_and_compare({});
+            // A store that differs from its logs may only lag them: if each log's checkpoint is
+            // before its end and the store equals a build of the logs up to those checkpoints,
+            // it is behind (a consume still running, or logs appended since), not different.
+            std::optional<std::uint64_t> behind;
+            if (c.first_difference) {
+                std::vector<std::uint64_t> until;
+                bool lags = false;
+                for (const auto& l : a.all("log")) {
+                    const auto at = snap.checkpoint(consumer, log_source(l));
+                    std::error_code ec;
+                    const auto size = std::filesystem::file_size(l, ec);
+                    until.push_back(at.value_or(0));
+                    if (!ec && at.value_or(0) < size) lags = true;  // no checkpoint: nothing of it consumed yet
+                }
+                if (lags) {
+                    auto [prefix, prefix_records] = build_and_compare(until);
+                    if (!prefix.first_difference) {
+                        behind = records > prefix_records ? records - prefix_records : 0;
+                        c = std::move(prefix);
+                    }
+                }
             }
-            std::filesystem::remove_all(aside);
             std::string out = "{\"match\":";
-            out += c.first_difference ? "false" : "true";
+            out += c.first_difference || behind ? "false" : "true";
+            if (behind) {
+                out += ",\"behind\":true";
+                append_kv(out, "behind_by", *behind);
+            }
             out += ",\"projections\":[";
             for (std::size_t i = 0; i < c.left.size(); ++i) {
                 if (i != 0) out.push_back(',');
@@ -632,6 +708,13 @@ void tool::impl::add_builtin_commands() {
             output o2;
             o2.write(out);
             o2.flush();
+            if (behind) {
+                std::fprintf(stderr,
+                             "%s verify: %s is behind its logs by %s events: it equals a build of the logs up to its "
+                             "checkpoints\n",
+                             name.c_str(), db.c_str(), with_commas(*behind).c_str());
+                return 3;
+            }
             if (c.first_difference) {
                 std::fprintf(stderr, "%s verify: %s differs from its logs: %s\n", name.c_str(), db.c_str(),
                              c.first_difference->c_str());
@@ -659,7 +742,7 @@ void tool::impl::add_builtin_commands() {
             if (!limits.older_than && !o.retention.allowed_lateness) {
                 throw usage_error("give --older-than, --allowed-lateness or both");
             }
-            limits.max_rows = static_cast<std::size_t>(std::max<std::uint64_t>(1, a.number("step", limits.max_rows)));
+            limits.max_rows = static_cast<std::size_t>(a.positive("step", limits.max_rows));
             limits.max_time = std::chrono::milliseconds(200);
             o.wait_for_writer = writer_wait(a, db);
             store st{o};
@@ -697,7 +780,7 @@ void tool::impl::add_builtin_commands() {
          {"event", "SOURCE/ID", "the event: its source and id (split at the last '/')"},
          {"message", "ID", "or the transport message id it was delivered under"},
          {"transport", "NAME", "the transport of --message (a log's file name without rotation suffixes; default: none)"},
-         {"key", "KEY", "also say whether this row's contributing set holds the event"},
+         {"key", "KEY", "also say whether this row holds the event's effect (its effect key per projection)"},
          {"projection", "NAME", "the projection of --key (default: every projection with that row)"}},
         [this](const arguments& a) { return why(a); }});
     commands.push_back(command{
@@ -730,154 +813,7 @@ void tool::impl::add_builtin_commands() {
             o.flush();
             return 0;
         }});
-}
-
-int tool::impl::why(const arguments& a) const {
-    std::filesystem::path db = a.required("db");
-    require_environment(db);
-    std::string message_id;
-    std::string label;
-    std::string event_effect;  // the default effect key (its event id), when the event is named
-    std::string event_named;   // how outcome details name the event, when it is named
-    if (auto ev_text = a.get("event")) {
-        auto slash = ev_text->rfind('/');
-        if (slash == std::string::npos || slash == 0 || slash + 1 == ev_text->size()) {
-            throw usage_error("option '--event': '" + *ev_text + "' is not SOURCE/ID");
-        }
-        envelope ev;
-        ev.source = ev_text->substr(0, slash);
-        ev.id = ev_text->substr(slash + 1);
-        message_id = ev.message_id();
-        event_effect = ev.event_id();
-        event_named = describe(ev) + ":";
-        label = "event " + ev.source + " " + ev.id;
-    } else if (auto m = a.get("message")) {
-        const auto transport = a.get("transport").value_or("");
-        message_id = transport_message_id(transport, *m);
-        label = "message " + *m + (transport.empty() ? std::string() : " of transport " + transport);
-    } else {
-        throw usage_error("give --event SOURCE/ID or --message ID");
-    }
-    auto snap = snapshot::open(db);
-    std::string answer;
-    std::string detail;
-    auto first = snap.inbox_lookup(consumer, message_id);
-    std::optional<dead_letter> dead;
-    std::uint64_t conflicts = 0;
-    for (auto& d : snap.dead_letters(consumer)) {
-        if (d.message_id != message_id) continue;
-        if (d.why == reason::id_conflict) {
-            ++conflicts;
-        } else if (!dead) {
-            dead = std::move(d);
-        }
-    }
-    // Deliveries that reused this message id for another event, or that carried this event under a
-    // transport id another event had used.
-    std::uint64_t collided = 0;
-    std::optional<dead_letter> carried;
-    for (auto& d : snap.collisions(consumer)) {
-        if (!event_named.empty()) {
-            if (d.detail.starts_with(event_named) && !carried) carried = std::move(d);
-        } else if (d.message_id == message_id) {
-            ++collided;
-        }
-    }
-    const auto retention = snap.retention(consumer);
-    if (!first && carried) {
-        answer = "transport_collision";
-        detail = label + ": " + carried->detail;
-    } else if (first) {
-        const auto when = " in commit " + std::to_string(first->commit) + " (first seen at " + time_text(first->stamp) + ")";
-        switch (first->outcome) {
-        case outcome_kind::applied: answer = "applied"; detail = label + " was applied" + when; break;
-        case outcome_kind::duplicate_event:
-            answer = "duplicate_event";
-            detail = label + " was a duplicate event" + when +
-                     ": every row it maps to already held its effect key, or its stream a later sequence";
-            break;
-        case outcome_kind::parked:
-            if (auto p = snap.parked_lookup(consumer, message_id)) {
-                answer = "parked";
-                detail = label + " is parked since commit " + std::to_string(first->commit) + ": sequence " +
-                         std::to_string(p->sequence) + " of '" + p->subject + "' waits for sequence " +
-                         std::to_string(p->waiting_for);
-            } else {
-                answer = "applied";
-                detail = label + " was parked" + when + " and applied once its stream reached it";
-            }
-            break;
-        case outcome_kind::dead_lettered:
-            answer = dead && dead->why == reason::late_event ? "late" : "dead_lettered";
-            detail = label + " was dead-lettered" + when +
-                     (dead ? ": " + std::string(to_string(dead->why)) + ": " + dead->detail : std::string());
-            break;
-        case outcome_kind::ignored: answer = "ignored"; detail = label + " was ignored" + when + ": no projection handles its type"; break;
-        case outcome_kind::duplicate_message: answer = "duplicate_message"; detail = label + " was a duplicate message" + when; break;
-        }
-        detail += "; later deliveries under the same id are duplicate messages";
-    } else if (dead) {
-        answer = dead->why == reason::late_event ? "late" : "dead_lettered";
-        detail = label + " was dead-lettered: " + std::string(to_string(dead->why)) + ": " + dead->detail;
-    } else if (retention.inbox_floor != 0) {
-        answer = "not_in_inbox";
-        detail = label + " is not in the inbox: never seen, or first seen before " + time_text(retention.inbox_floor) +
-                 " and pruned since (the inbox keeps ids from " + time_text(retention.oldest.value_or(0)) + ")";
-    } else {
-        answer = "never_seen";
-        detail = label + " was never seen by consumer '" + consumer + "'";
-    }
-    if (collided != 0) {
-        detail += "; " + std::to_string(collided) + " later deliver" + (collided == 1 ? "y" : "ies") +
-                  " under the same id carried other events (transport collisions, each judged as a new message: "
-                  "`deadletters --collisions`)";
-    }
-    if (conflicts != 0) {
-        detail += "; " + std::to_string(conflicts) + " later deliver" + (conflicts == 1 ? "y" : "ies") +
-                  " under the same id with other content were dead-lettered as id_conflict (the first effect stands)";
-    }
-    std::string rows;
-    if (auto key = a.get("key")) {
-        if (event_effect.empty()) throw usage_error("option '--key' needs --event (the effect key is the event id)");
-        std::vector<std::string> names;
-        if (auto p = a.get("projection")) {
-            names.push_back(projection_named(*p).name());
-        } else {
-            names = projection_names();
-        }
-        rows = ",\"rows\":[";
-        bool any = false;
-        for (const auto& n : names) {
-            if (!a.get("projection") && !snap.raw_row(n, *key)) continue;
-            const bool holds = snap.contributed(n, *key, event_effect);
-            if (any) rows.push_back(',');
-            any = true;
-            rows += "{\"projection\":";
-            append_json_string(rows, n);
-            rows += ",\"key\":";
-            append_json_string(rows, *key);
-            rows += std::string(",\"holds_effect\":") + (holds ? "true" : "false") + "}";
-            detail += "; row '" + *key + "' of " + n + (holds ? " holds its effect" : " does not hold it under its event id");
-            if (!holds && snap.contributor_floor(n) != 0) {
-                detail += " (its effect keys from before " + time_text(snap.contributor_floor(n)) + " were pruned)";
-            }
-        }
-        rows += "]";
-    }
-    std::string out = "{\"answer\":";
-    append_json_string(out, answer);
-    if (first) {
-        append_kv(out, "commit", first->commit);
-        append_kv(out, "first_seen_ns", first->stamp);
-    }
-    out += ",\"detail\":";
-    append_json_string(out, detail);
-    out += rows + "}\n";
-    std::fprintf(stderr, "%s\n", detail.c_str());
-    output w;
-    w.write(out);
-    w.flush();
-    return 0;
+    for (auto& c : detail::operator_commands([this] { return context(); })) commands.push_back(std::move(c));
 }
 
 int tool::impl::usage(std::FILE* to) const {
@@ -885,7 +821,7 @@ int tool::impl::usage(std::FILE* to) const {
                  name.c_str());
     for (const auto& c : commands) std::fprintf(to, "  %-12s %s\n", c.name.c_str(), c.summary.c_str());
     std::fprintf(to, "\nexit status: 0 success (dead-lettered input is counted, not an error), 1 usage error,\n"
-                     "2 I/O or storage failure.\n");
+                     "2 I/O or storage failure; verify: 1 differs, 3 behind its logs.\n");
     return to == stdout ? 0 : 1;
 }
 

@@ -57,6 +57,9 @@ struct log_run_options {
     /// The transport the logs' msgids belong to (delivery::transport); unset: each log's own,
     /// log_transport(log). Give the same to a consume that continues a rebuild's inbox.
     std::optional<std::string> transport{};
+    /// Per log, in the order of logs: read only the records that end at or before this byte
+    /// offset (a build of the prefix a store has consumed, for verify). Empty: read every log whole.
+    std::vector<std::uint64_t> until{};
 };
 
 /// What a run did.
@@ -64,7 +67,8 @@ struct log_run_result {
     std::uint64_t records = 0;          ///< records applied (delivered to the store) by this run
     std::uint64_t skipped = 0;          ///< corrupt records skipped (skip_bad)
     std::vector<torn_log> torn{};       ///< logs that end in an incomplete record
-    consumer_stats stats{};             ///< the consumer's counters afterwards
+    consumer_stats stats{};             ///< the consumer's counters afterwards (store totals)
+    consumer_stats run{};               ///< what this run added to them
     std::chrono::steady_clock::duration elapsed{};
 };
 
@@ -134,5 +138,11 @@ struct comparison {
 /// Compares the named projections of two environments row by row.
 comparison compare(const std::filesystem::path& left, const std::filesystem::path& right,
                    const std::vector<std::string>& projections);
+/// The same over two snapshots (the paths name them in the difference).
+comparison compare(const snapshot& left, const std::filesystem::path& left_name, const snapshot& right,
+                   const std::filesystem::path& right_name, const std::vector<std::string>& projections);
+
+/// Returns after minus before, counter by counter (what a run added).
+consumer_stats difference(const consumer_stats& after, const consumer_stats& before);
 
 }  // namespace idem

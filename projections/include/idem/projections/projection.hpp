@@ -255,6 +255,9 @@ public:
         return std::nullopt;
     }
 
+    /// Returns whether any handled event type has an effect key function (else effects are keyed by event id).
+    bool keys_effects() const noexcept { return !effect_fns_.empty(); }
+
     /// Returns a default-constructed state.
     virtual std::unique_ptr<detail::state_box> make_state() const = 0;
     /// Decodes a stored state written with state format version `version`.

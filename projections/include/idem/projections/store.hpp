@@ -148,9 +148,18 @@ struct dead_letter {
     reason why = reason::none;
     std::string detail;
     std::string message_id;
-    std::string body;
+    std::string body;           ///< the envelope as received (only its first bytes when truncated)
     std::uint64_t time_ns = 0;  ///< when it was dead-lettered (Unix time, ns)
+    std::uint64_t body_size = 0;    ///< the envelope's full size in bytes
+    bool truncated = false;         ///< body holds only the first dead_letter_prefix bytes (a too_large envelope)
+    std::uint64_t body_digest = 0;  ///< when truncated: body_digest() of the full envelope
 };
+
+/// A too_large envelope's dead letter keeps this many of its first bytes, its size and its digest.
+inline constexpr std::size_t dead_letter_prefix = std::size_t{64} << 10;
+
+/// Returns the 64-bit FNV-1a hash of bytes: the digest a truncated dead letter keeps of its envelope.
+std::uint64_t body_digest(std::string_view bytes) noexcept;
 
 /// Counters of one consumer, durable (kept in the environment, updated with every batch).
 struct consumer_stats {
@@ -169,6 +178,78 @@ struct consumer_stats {
 /// else "t<len(transport)>:<transport><id>" (length-prefixed: no two (transport, id) pairs alias, and
 /// neither aliases an event id's "e..." key).
 std::string transport_message_id(std::string_view transport, std::string_view transport_id);
+/// What redrive() applies again: dead letters matching every filter given.
+struct redrive_options {
+    std::optional<reason> why{};                  ///< only dead letters with this reason
+    std::optional<std::string> event_id{};        ///< only this event's (envelope::event_id())
+    std::optional<std::uint64_t> position{};      ///< only the dead letter at this position
+    /// Sequenced events are refused unless set: their stream moved past them when they were
+    /// dead-lettered. When set, they are applied to every row that does not hold them yet,
+    /// except rows of their own stream that already hold a later sequence; the stream is unchanged.
+    bool out_of_order = false;
+    std::string note{};                           ///< why the operator redrives (kept in the audit)
+};
+
+/// What redrive() did with one dead letter.
+struct redriven {
+    std::uint64_t position = 0;   ///< the dead letter's position (removed unless refused)
+    reason was = reason::none;    ///< its reason
+    std::string message_id;       ///< as stored ('m' transport id or 'e' event id)
+    bool refused = false;         ///< left as it was (see detail)
+    outcome result{};             ///< applied, duplicate_event or dead_lettered (with its new reason)
+};
+
+/// What one redrive() did.
+struct redrive_result {
+    std::vector<redriven> items{};
+    std::size_t applied = 0, duplicates = 0, dead_lettered = 0, refused = 0;
+    std::uint64_t commit = 0;  ///< 0: nothing was written
+};
+
+/// What release() does with the events parked on one stream.
+struct release_options {
+    bool drop = false;   ///< dead-letter them as released_dropped instead of applying them
+    std::string note{};  ///< why the operator releases (kept in the audit)
+};
+
+/// A run of missing sequences, from..to inclusive.
+struct sequence_range {
+    std::uint64_t from = 0, to = 0;
+    friend bool operator==(const sequence_range&, const sequence_range&) = default;
+};
+
+/// What one release() did.
+struct release_result {
+    std::string subject;
+    std::uint64_t highest_before = 0;         ///< the stream's highest applied sequence before
+    std::uint64_t highest_after = 0;          ///< and after
+    std::vector<sequence_range> skipped{};    ///< sequences given up on (never applied)
+    std::vector<std::uint64_t> released{};    ///< parked sequences applied (or dead-lettered by their handlers)
+    std::vector<std::uint64_t> dropped{};     ///< parked sequences dead-lettered as released_dropped
+    std::uint64_t commit = 0;
+};
+
+/// One parked stream: what it waits for.
+struct parked_stream {
+    std::string subject;
+    std::uint64_t highest = 0;                ///< highest sequence applied (or skipped)
+    std::vector<sequence_range> missing{};    ///< the gaps before and between parked events
+    std::vector<std::uint64_t> sequences{};   ///< the parked sequences, ascending
+    std::uint64_t oldest_ns = 0;              ///< when the oldest parked event was recorded (inbox stamp; 0: unknown)
+};
+
+/// One operator action recorded in the store ("audit/<consumer>").
+struct operator_action {
+    std::uint64_t position = 0;
+    std::uint64_t time_ns = 0;               ///< wall clock, ns since the Unix epoch
+    std::uint64_t commit = 0;                ///< the commit that made it
+    std::string action;                      ///< "release", "release_drop", "redrive"
+    std::string stream;                      ///< the subject released ("" for a redrive)
+    std::vector<sequence_range> skipped{};   ///< sequences given up on
+    std::vector<std::uint64_t> sequences{};  ///< released or dropped sequences; redriven dead-letter positions
+    std::string note;                        ///< the operator's reason
+    std::string summary;                     ///< what happened, in words
+};
 
 /// Options of a store.
 struct store_options {
@@ -195,6 +276,7 @@ struct store_options {
 
 class snapshot;
 namespace detail {
+class operator_session;
 struct journal_view;
 struct snapshot_journals;
 struct snapshot_journals_entry;
@@ -275,6 +357,19 @@ public:
     /// the event-time horizon, oldest first, within limits. Returns what it removed; call
     /// again while result.more. Nothing to prune without retention settings.
     prune_result prune(const prune_limits& limits = {});
+    /// Applies dead letters again through the apply path (after a handler was fixed), in one
+    /// transaction: each one taken is removed, and its event applied to the rows that do not
+    /// hold it yet (contributing sets and row sequences guard as on the live path; the inbox and
+    /// streams are not changed); an event that fails again is dead-lettered anew with its new
+    /// reason. Refused and left in place: truncated bodies, id_conflict (the first effect stands),
+    /// late_event (nothing proves it new), and sequenced events unless out_of_order.
+    /// Recorded in the audit. Not during a bulk build.
+    redrive_result redrive(const redrive_options& options = {});
+    /// Gives up on the gaps before the events parked on stream subject: applies them in order,
+    /// skipping the missing sequences (or, with drop, dead-letters them as released_dropped and
+    /// moves the stream past them), in one transaction recorded in the audit. Throws
+    /// errc::invalid_argument if nothing is parked on subject.
+    release_result release(std::string_view subject, const release_options& options = {});
     /// Closes and reopens the environment and rebuilds every index from disk (after MDB_PANIC).
     /// Waits until no snapshot of this process is live.
     void reopen();
@@ -294,6 +389,8 @@ public:
 
 private:
     store& add_projection(std::unique_ptr<projection_base> p);
+    /// Runs fn inside one batch's transaction; commits if it returns true, else aborts (operator actions).
+    void operate(const std::function<bool(detail::operator_session&)>& fn);
     std::unique_ptr<impl> impl_;
 };
 
@@ -420,6 +517,25 @@ public:
     };
     /// Looks a message id up among a consumer's parked events (walks them: diagnostics only).
     std::optional<parked_record> parked_lookup(std::string_view consumer, std::string_view message_id) const;
+    /// Returns a consumer's parked streams, by subject (walks the parked table and the inbox).
+    std::vector<parked_stream> parked_streams(std::string_view consumer) const;
+    /// One parked event as stored.
+    struct parked_event {
+        std::string subject;
+        std::uint64_t sequence = 0;
+        std::uint64_t waiting_for = 0;  ///< the sequence its stream waits for
+        std::string message_id;         ///< as stored ('m' transport id or 'e' event id)
+        std::string body;               ///< the envelope as received
+    };
+    /// Returns a consumer's parked events in (subject, sequence) order.
+    std::vector<parked_event> parked_events(std::string_view consumer) const;
+    /// Returns a consumer's recorded operator actions, oldest first.
+    std::vector<operator_action> operator_actions(std::string_view consumer) const;
+    /// Returns the message ids an event (envelope::event_id()) was recorded under in a consumer's
+    /// inbox: its own, and transport ids it arrived under (walks a log: diagnostics only).
+    std::vector<std::string> message_ids_of(std::string_view consumer, std::string_view event_id) const;
+    /// Returns the event id a transport message id carried, if recorded (diagnostics only).
+    std::optional<std::string> event_id_of(std::string_view consumer, std::string_view message_id) const;
     /// Returns the number of entries in a projection's contributing sets (all rows).
     std::size_t contributor_entries(std::string_view projection) const;
     /// Returns the event time below which a projection's contributing sets were pruned (0: never).

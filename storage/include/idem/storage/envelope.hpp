@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace idem {
 
@@ -34,7 +35,14 @@ enum class reason {
     missing_specversion,      ///< `specversion` absent or null (CloudEvents requires it)
     future_event,             ///< further ahead of the consumer's event time than its allowed skew
     transport_collision,      ///< a transport id already used by another event (recorded, not dead-lettered)
+    released_dropped,         ///< a parked event an operator dropped (idem release --drop)
 };
+
+/// Returns the reason whose text is name, or nullopt ("none" is not a reason a dead letter has).
+std::optional<reason> reason_from_string(std::string_view name) noexcept;
+
+/// Every reason a dead letter may have, in enum order.
+std::vector<reason> dead_letter_reasons();
 
 /// Returns the stable text of a reason ("missing_id", ...).
 std::string_view to_string(reason r) noexcept;

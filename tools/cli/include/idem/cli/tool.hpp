@@ -8,9 +8,11 @@
 //       return tool.run(argc, argv);
 //   }
 //
-// gives rebuild, consume, get, dump, stats, deadletters, verify and convert over those
-// projections. Exit status: 0 success (dead-lettered input is counted, not an error),
-// 1 usage error (or a row that does not exist, or verify found a difference),
+// gives rebuild, consume, get, dump, stats, deadletters, verify, convert, why, prune and the
+// operator commands parked, release, redrive and audit over those projections. Exit status:
+// 0 success (dead-lettered input is counted, not an error),
+// 1 usage error (or a row that does not exist, or verify found a difference), 3 verify found
+// the store behind its logs (equal to them up to its checkpoints),
 // 2 I/O or storage failure, or a damaged store (verify --store; a read that faults inside
 // a damaged map is reported, not left to kill the process); messages name the file and the cause.
 
@@ -59,6 +61,9 @@ public:
     bool flag(std::string_view name) const;
     /// Returns an unsigned integer option (accepts 1000000, 1_000_000, 1e6, 1M); throws usage_error naming it.
     std::uint64_t number(std::string_view name, std::uint64_t fallback) const;
+    /// Returns an unsigned integer option that must be at least 1 (a count or a size where 0 makes
+    /// no sense: --batch, --step); throws usage_error naming it.
+    std::uint64_t positive(std::string_view name, std::uint64_t fallback) const;
     /// Returns a decimal option in [0, 1] or any double; throws usage_error naming it.
     double real(std::string_view name, double fallback) const;
     /// Returns the command name (for messages).

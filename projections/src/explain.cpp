@@ -1,0 +1,215 @@
+#include <idem/projections/explain.hpp>
+
+#include <idem/storage/envelope.hpp>
+#include <idem/storage/error.hpp>
+
+#include <algorithm>
+#include <ctime>
+
+namespace idem {
+
+namespace {
+
+std::string time_text(std::uint64_t ns) {
+    if (ns == 0) return "-";
+    auto t = static_cast<std::time_t>(ns / 1'000'000'000);
+    std::tm tm{};
+    ::gmtime_r(&t, &tm);
+    char buf[64];
+    std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    return buf;
+}
+
+/// Checks row `key` of p for the effect of the event whose body is known (or only its id).
+why_row check_row(const snapshot& snap, const projection_base& p, const std::string& key,
+                  const std::optional<envelope>& ev, const std::string& event_id) {
+    why_row r;
+    r.projection = p.name();
+    r.key = key;
+    if (ev) {
+        const auto* h = p.find(ev->type);
+        if (h == nullptr) {
+            r.holds = false;
+            r.note = "projection " + p.name() + " does not handle type '" + ev->type + "'";
+            return r;
+        }
+        try {
+            auto decoded = h->decode(ev->data);
+            meta m{ev->id, ev->source, ev->type, ev->subject, ev->sequence, ev->time, {}};  // as the apply path computes it
+            r.effect_key = p.effect_key(*h, decoded.get(), m).value_or(event_id);
+        } catch (const std::exception& e) {
+            r.note = "its data does not decode for projection " + p.name() + " (" + e.what() + "): no effect key";
+            return r;
+        }
+    } else if (event_id.empty()) {
+        r.note = "the event's id is not known for this message, so its effect key cannot be computed";
+        return r;
+    } else if (!p.keys_effects()) {
+        r.effect_key = event_id;
+    } else {
+        r.note = "projection " + p.name() +
+                 " takes effect keys from the payload, and the event's body is not kept once it is processed "
+                 "(only parked and dead-lettered events keep it): its effect key cannot be computed";
+        return r;
+    }
+    r.holds = snap.contributed(p.name(), key, *r.effect_key);
+    r.note = "row '" + key + "' of " + p.name() + (*r.holds ? " holds" : " does not hold") + " its effect key '" +
+             (*r.effect_key == event_id ? "(its event id)" : *r.effect_key) + "'";
+    if (!*r.holds && snap.contributor_floor(p.name()) != 0) {
+        r.note += " (effect keys from before " + time_text(snap.contributor_floor(p.name())) + " were pruned)";
+    }
+    return r;
+}
+
+}  // namespace
+
+explanation explain(const snapshot& snap, std::string_view consumer_view, const why_query& q) {
+    const std::string consumer(consumer_view);
+    explanation x;
+    std::vector<std::string> candidates;  // the message ids it may be recorded under
+    std::string event_id;
+    std::string label;
+    if (!q.source.empty() && !q.id.empty()) {
+        envelope e;
+        e.source = q.source;
+        e.id = q.id;
+        event_id = e.event_id();
+        candidates = snap.message_ids_of(consumer, event_id);
+        label = "event " + q.source + " " + q.id;
+    } else if (!q.message.empty()) {
+        candidates.push_back(transport_message_id(q.transport, q.message));
+        if (auto e = snap.event_id_of(consumer, candidates.front())) event_id = *e;
+        label = "message " + q.message + (q.transport.empty() ? std::string() : " of transport " + q.transport);
+    } else {
+        throw_error(errc::invalid_argument, "explain: name an event (source and id) or a message id");
+    }
+    auto candidate = [&](std::string_view m) {
+        return std::find(candidates.begin(), candidates.end(), m) != candidates.end();
+    };
+    // The event may have arrived under several ids (a transport id, then re-sent): its story
+    // starts with the earliest commit.
+    for (const auto& m : candidates) {
+        auto r = snap.inbox_lookup(consumer, m);
+        if (r && (!x.first || r->commit < x.first->commit)) {
+            x.first = r;
+            x.message_id = m;
+        }
+    }
+    envelope_parser parser;
+    std::optional<envelope> body;  // the event as received, when a table keeps it
+    auto same_event = [&](std::string_view text, envelope& out) {
+        parse_error err;
+        return parser.parse(text, out, err) && !event_id.empty() && out.event_id() == event_id;
+    };
+    for (auto& p : snap.parked_events(consumer)) {
+        envelope ev;
+        const bool by_id = same_event(p.body, ev);
+        if (!by_id && !candidate(p.message_id)) continue;
+        x.parked = snapshot::parked_record{p.subject, p.sequence, p.waiting_for};
+        if (x.message_id.empty()) x.message_id = p.message_id;
+        parse_error err;
+        if (by_id || parser.parse(p.body, ev, err)) body = ev;
+        break;
+    }
+    for (auto& d : snap.dead_letters(consumer)) {
+        envelope ev;
+        const bool by_id = !d.truncated && same_event(d.body, ev);
+        if (!by_id && !candidate(d.message_id)) continue;
+        if (d.why == reason::id_conflict) {
+            ++x.id_conflicts;
+            continue;
+        }
+        if (x.dead) continue;
+        parse_error err;
+        if (!body && !d.truncated && (by_id || parser.parse(d.body, ev, err))) body = ev;
+        if (x.message_id.empty()) x.message_id = d.message_id;
+        x.dead = std::move(d);
+    }
+    // Deliveries that reused a named message id for another event, or that carried this event
+    // under a transport id another event had used (each judged as a new message).
+    std::uint64_t collided = 0;
+    std::optional<dead_letter> carried;
+    for (auto& d : snap.collisions(consumer)) {
+        envelope ev;
+        if (!q.source.empty()) {
+            if (!carried && same_event(d.body, ev)) carried = std::move(d);
+        } else if (candidate(d.message_id)) {
+            ++collided;
+        }
+    }
+    if (event_id.empty() && body) event_id = body->event_id();
+
+    auto& detail = x.detail;
+    if (x.parked) {
+        x.answer = "parked";
+        detail = label + " is parked: sequence " + std::to_string(x.parked->sequence) + " of '" + x.parked->subject +
+                 "' waits for sequence " + std::to_string(x.parked->waiting_for) +
+                 (x.first ? " (since commit " + std::to_string(x.first->commit) + ")" : "") +
+                 "; `release --stream` gives up on the gap";
+    } else if (x.first) {
+        const auto& first = *x.first;
+        const auto when = " in commit " + std::to_string(first.commit) + " (first seen at " + time_text(first.stamp) + ")";
+        switch (first.outcome) {
+        case outcome_kind::applied: x.answer = "applied"; detail = label + " was applied" + when; break;
+        case outcome_kind::duplicate_event:
+            x.answer = "duplicate_event";
+            detail = label + " was a duplicate event" + when +
+                     ": every row it maps to already held its effect key, or its stream a later sequence";
+            break;
+        case outcome_kind::parked:
+            x.answer = "applied";
+            detail = label + " was parked" + when + " and applied once its stream reached it (or an operator released it)";
+            break;
+        case outcome_kind::dead_lettered:
+            x.answer = x.dead && x.dead->why == reason::late_event ? "late" : "dead_lettered";
+            detail = label + " was dead-lettered" + when +
+                     (x.dead ? ": " + std::string(to_string(x.dead->why)) + ": " + x.dead->detail
+                             : std::string(" (its dead letter was redriven since)"));
+            break;
+        case outcome_kind::ignored:
+            x.answer = "ignored";
+            detail = label + " was ignored" + when + ": no projection handles its type";
+            break;
+        case outcome_kind::duplicate_message:
+            x.answer = "duplicate_message";
+            detail = label + " was a duplicate message" + when;
+            break;
+        }
+        if ((x.message_id.starts_with('m') || x.message_id.starts_with('t')) && !q.source.empty()) {
+            detail += "; it was delivered under transport message id '" + x.message_id.substr(1) + "'";
+        }
+        detail += "; later deliveries under the same id are duplicate messages";
+    } else if (carried && !x.dead) {
+        x.answer = "transport_collision";
+        detail = label + ": " + carried->detail;
+    } else if (x.dead) {
+        x.answer = x.dead->why == reason::late_event ? "late" : "dead_lettered";
+        detail = label + " was dead-lettered: " + std::string(to_string(x.dead->why)) + ": " + x.dead->detail;
+    } else if (const auto retention = snap.retention(consumer); retention.inbox_floor != 0) {
+        x.answer = "not_in_inbox";
+        detail = label + " is not in the inbox: never seen, or first seen before " + time_text(retention.inbox_floor) +
+                 " and pruned since (the inbox keeps ids from " + time_text(retention.oldest.value_or(0)) + ")";
+    } else {
+        x.answer = "never_seen";
+        detail = label + " was never seen by consumer '" + consumer + "'";
+    }
+    if (collided != 0) {
+        detail += "; " + std::to_string(collided) + " later deliver" + (collided == 1 ? "y" : "ies") +
+                  " under the same id carried other events (transport collisions, each judged as a new message: "
+                  "`deadletters --collisions`)";
+    }
+    if (x.id_conflicts != 0) {
+        detail += "; " + std::to_string(x.id_conflicts) + " later deliver" + (x.id_conflicts == 1 ? "y" : "ies") +
+                  " under the same id with other content were dead-lettered as id_conflict (the first effect stands)";
+    }
+    if (q.key) {
+        for (const auto* p : q.projections) {
+            auto r = check_row(snap, *p, *q.key, body, event_id);
+            detail += "; " + r.note;
+            x.rows.push_back(std::move(r));
+        }
+    }
+    return x;
+}
+
+}  // namespace idem

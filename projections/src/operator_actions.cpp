@@ -1,0 +1,395 @@
+// Operator actions on a store: redrive dead letters, release parked streams, and the audit
+// of both ("audit/<consumer>"); with the snapshot reads an operator needs to decide them.
+//
+// An audit record: key = position (u64 BE, from 1), value = [time u64][commit u64]
+// [action][stream][note][summary] (each u32 length + bytes) [u32 n][n x (from u64, to u64)]
+// [u32 m][m x u64], integers little-endian.
+
+#include <idem/projections/store.hpp>
+
+#include "event_ids.hpp"
+#include "operator_session.hpp"
+
+#include <idem/storage/codec.hpp>
+#include <idem/storage/envelope.hpp>
+#include <idem/storage/error.hpp>
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+namespace idem {
+
+std::uint64_t body_digest(std::string_view bytes) noexcept {
+    std::uint64_t h = 0xcbf29ce484222325ULL;
+    for (char ch : bytes) {
+        h ^= static_cast<unsigned char>(ch);
+        h *= 0x100000001b3ULL;
+    }
+    return h;
+}
+
+namespace {
+
+std::string audit_table(std::string_view consumer) { return "audit/" + std::string(consumer); }
+
+void put_str(std::string& out, std::string_view s) {
+    codec::put_u32_le(out, static_cast<std::uint32_t>(s.size()));
+    out.append(s);
+}
+
+std::string_view take_str(std::string_view& in) {
+    if (in.size() < 4) throw_error(errc::corrupt_record, "truncated record");
+    auto n = codec::get_u32_le(in);
+    if (in.size() - 4 < n) throw_error(errc::corrupt_record, "truncated record");
+    auto s = in.substr(4, n);
+    in.remove_prefix(4 + n);
+    return s;
+}
+
+std::uint64_t take_u64(std::string_view& in) {
+    if (in.size() < 8) throw_error(errc::corrupt_record, "truncated record");
+    auto v = codec::get_u64_le(in);
+    in.remove_prefix(8);
+    return v;
+}
+
+std::uint32_t take_u32(std::string_view& in) {
+    if (in.size() < 4) throw_error(errc::corrupt_record, "truncated record");
+    auto v = codec::get_u32_le(in);
+    in.remove_prefix(4);
+    return v;
+}
+
+std::string encode_action(const operator_action& a) {
+    std::string out;
+    codec::put_u64_le(out, a.time_ns);
+    codec::put_u64_le(out, a.commit);
+    put_str(out, a.action);
+    put_str(out, a.stream);
+    put_str(out, a.note);
+    put_str(out, a.summary);
+    codec::put_u32_le(out, static_cast<std::uint32_t>(a.skipped.size()));
+    for (const auto& r : a.skipped) {
+        codec::put_u64_le(out, r.from);
+        codec::put_u64_le(out, r.to);
+    }
+    codec::put_u32_le(out, static_cast<std::uint32_t>(a.sequences.size()));
+    for (auto s : a.sequences) codec::put_u64_le(out, s);
+    return out;
+}
+
+operator_action decode_action(std::uint64_t position, std::string_view v) {
+    operator_action a;
+    a.position = position;
+    a.time_ns = take_u64(v);
+    a.commit = take_u64(v);
+    a.action = take_str(v);
+    a.stream = take_str(v);
+    a.note = take_str(v);
+    a.summary = take_str(v);
+    for (auto n = take_u32(v); n != 0; --n) {
+        sequence_range r;
+        r.from = take_u64(v);
+        r.to = take_u64(v);
+        a.skipped.push_back(r);
+    }
+    for (auto n = take_u32(v); n != 0; --n) a.sequences.push_back(take_u64(v));
+    return a;
+}
+
+void record(detail::operator_session& op, MDB_dbi audit, operator_action a) {
+    a.time_ns = op.now();
+    a.commit = op.commit();
+    cursor c{op.txn(), audit};
+    auto last = c.last();
+    const std::uint64_t position = last ? codec::get_u64_be(last->first) + 1 : 1;
+    c.put(codec::u64_key(position), encode_action(a), MDB_APPEND);
+}
+
+/// A parked entry: its sequence and stored value (message id + envelope).
+struct parked_entry {
+    std::uint64_t sequence = 0;
+    std::string key;
+    std::string value;
+};
+
+std::vector<parked_entry> parked_of(const txn_base& txn, MDB_dbi parked, std::string_view subject) {
+    std::vector<parked_entry> out;
+    const auto prefix = codec::contributor_key(subject, {});
+    cursor c{txn, parked};
+    for (auto e = c.seek(prefix); e && e->first.starts_with(prefix); e = c.next()) {
+        auto k = codec::decode_table_key(e->first);
+        if (!k || k->aggregate != subject || k->effect.size() != 8) continue;
+        out.push_back(parked_entry{codec::get_u64_be(k->effect), std::string(e->first), std::string(e->second)});
+    }
+    return out;
+}
+
+std::string list(const std::vector<std::uint64_t>& v) {
+    std::string out;
+    for (auto s : v) out += (out.empty() ? "" : ",") + std::to_string(s);
+    return out;
+}
+
+std::string ranges(const std::vector<sequence_range>& v) {
+    std::string out;
+    for (const auto& r : v) {
+        out += (out.empty() ? "" : ",") + std::to_string(r.from);
+        if (r.to != r.from) out += "-" + std::to_string(r.to);
+    }
+    return out;
+}
+
+}  // namespace
+
+release_result store::release(std::string_view subject_view, const release_options& options) {
+    const std::string subject(subject_view);
+    if (this->options().gaps != gap_policy::park && !options.drop) {
+        throw_error(errc::invalid_argument, "releasing parked events applies them as the park gap policy does; "
+                                            "this store was opened with another policy");
+    }
+    const auto audit = env()->table(audit_table(this->options().consumer));  // before the write transaction
+    release_result result;
+    operate([&](detail::operator_session& op) {
+        result = release_result{};
+        result.subject = subject;
+        auto entries = parked_of(op.txn(), op.parked_table(), subject);
+        if (entries.empty()) {
+            throw_error(errc::invalid_argument, "stream '" + subject + "' has nothing parked");
+        }
+        result.highest_before = op.stream_highest(subject);
+        operator_action a;
+        a.stream = subject;
+        a.note = options.note;
+        if (options.drop) {
+            a.action = "release_drop";
+            for (const auto& e : entries) {
+                std::string_view rest = e.value;
+                const auto message_id = take_str(rest);
+                op.unpark(e.key);
+                op.dead_letter(reason::released_dropped,
+                               "sequence " + std::to_string(e.sequence) + " of '" + subject +
+                                   "' was parked waiting for " + std::to_string(result.highest_before + 1) +
+                                   " and dropped by an operator" + (options.note.empty() ? "" : ": " + options.note),
+                               message_id, rest);
+                result.dropped.push_back(e.sequence);
+            }
+            // Like any dead-lettered sequenced event, a dropped one moves its stream on.
+            op.set_stream(subject, std::max(result.highest_before, entries.back().sequence));
+            a.sequences = result.dropped;
+        } else {
+            a.action = "release";
+            // Each gap is skipped: the stream moves to just before the next parked event and the
+            // apply path releases it and its consecutive successors.
+            for (const auto& e : entries) {
+                const auto highest = op.stream_highest(subject);
+                if (e.sequence <= highest) continue;  // released with its predecessor
+                if (e.sequence > highest + 1) result.skipped.push_back({highest + 1, e.sequence - 1});
+                op.release_after(subject, e.sequence - 1);
+            }
+            for (const auto& e : entries) {
+                if (!op.is_parked(e.key)) result.released.push_back(e.sequence);
+            }
+            a.skipped = result.skipped;
+            a.sequences = result.released;
+        }
+        result.highest_after = op.stream_highest(subject);
+        a.summary = options.drop ? "dropped sequences " + list(result.dropped) + " of '" + subject +
+                                       "' to dead letters; stream moved from " + std::to_string(result.highest_before) +
+                                       " to " + std::to_string(result.highest_after)
+                                 : "released sequences " + list(result.released) + " of '" + subject +
+                                       "' skipping " + (result.skipped.empty() ? "nothing" : ranges(result.skipped)) +
+                                       "; stream moved from " + std::to_string(result.highest_before) + " to " +
+                                       std::to_string(result.highest_after);
+        result.commit = op.commit();
+        record(op, audit, std::move(a));
+        return true;
+    });
+    return result;
+}
+
+redrive_result store::redrive(const redrive_options& options) {
+    const auto audit = env()->table(audit_table(this->options().consumer));
+    redrive_result result;
+    operate([&](detail::operator_session& op) {
+        result = redrive_result{};
+        envelope_parser parser;
+        std::vector<std::pair<std::uint64_t, std::string>> taken;  // position, value (copied: the table changes)
+        {
+            cursor c{op.txn(), op.dead_table()};
+            for (auto e = c.first(); e; e = c.next()) taken.emplace_back(codec::get_u64_be(e->first), e->second);
+        }
+        std::vector<std::uint64_t> positions;
+        for (const auto& [position, value] : taken) {
+            if (options.position && *options.position != position) continue;
+            // The dead letter as snapshot::dead_letters() reads it.
+            std::string_view v = value;
+            if (v.size() < 9) throw_error(errc::corrupt_record, "truncated dead letter");
+            const auto first = static_cast<unsigned char>(v[0]);
+            redriven item;
+            item.position = position;
+            item.was = static_cast<reason>(first & 0x7fu);
+            v.remove_prefix(9);
+            item.message_id = take_str(v);
+            take_str(v);  // the detail
+            const bool truncated = (first & 0x80u) != 0;
+            if (options.why && *options.why != item.was) continue;
+            envelope ev;
+            parse_error err;
+            const bool parsed = !truncated && parser.parse(v, ev, err);
+            if (options.event_id && (!parsed || ev.event_id() != *options.event_id)) continue;
+            auto refuse = [&](std::string why) {
+                item.refused = true;
+                item.result = outcome{outcome_kind::dead_lettered, item.was, std::move(why), 0};
+                ++result.refused;
+                result.items.push_back(std::move(item));
+            };
+            if (truncated) {
+                refuse("only the first bytes of its envelope were kept (too_large): nothing to apply");
+                continue;
+            }
+            if (item.was == reason::id_conflict) {
+                refuse("another version of this message was applied first; the first effect stands");
+                continue;
+            }
+            if (item.was == reason::late_event) {
+                refuse("older than the event-time horizon with no sequence: nothing proves it new");
+                continue;
+            }
+            if (parsed && ev.sequence && !options.out_of_order) {
+                refuse("sequence " + std::to_string(*ev.sequence) + " of '" + ev.subject +
+                       "': its stream moved past it; --out-of-order applies it to the rows that do not hold a "
+                       "later sequence of its stream");
+                continue;
+            }
+            positions.push_back(position);
+            if (!parsed) {
+                op.dead_letter(err.why, "malformed event: " + err.detail, item.message_id, v);
+                item.result = outcome{outcome_kind::dead_lettered, err.why, "malformed event: " + err.detail, 0};
+            } else {
+                item.result = op.reapply(ev, item.message_id, v);
+            }
+            item.result.commit = op.commit();
+            switch (item.result.kind) {
+            case outcome_kind::applied: ++result.applied; break;
+            case outcome_kind::dead_lettered: ++result.dead_lettered; break;
+            default: ++result.duplicates; break;
+            }
+            result.items.push_back(std::move(item));
+        }
+        if (positions.empty()) return false;  // nothing taken: nothing to commit
+        // What failed again is written first, so its positions follow every existing one and a
+        // position is never reused; then the dead letters taken leave, in the same transaction.
+        op.write_dead_letters();
+        for (auto position : positions) op.txn().del(op.dead_table(), codec::u64_key(position));
+        result.commit = op.commit();
+        operator_action a;
+        a.action = "redrive";
+        a.sequences = positions;
+        a.note = options.note;
+        a.summary = "redrove " + std::to_string(positions.size()) + " dead letters: applied " +
+                    std::to_string(result.applied) + ", already held " + std::to_string(result.duplicates) +
+                    ", dead-lettered again " + std::to_string(result.dead_lettered) +
+                    (options.out_of_order ? " (out of order allowed)" : "") + "; refused " +
+                    std::to_string(result.refused);
+        record(op, audit, std::move(a));
+        return true;
+    });
+    return result;
+}
+
+// --- snapshot reads ---------------------------------------------------------------------
+
+std::vector<parked_stream> snapshot::parked_streams(std::string_view consumer) const {
+    std::vector<parked_stream> out;
+    auto parked = table("parked/" + std::string(consumer));
+    if (!parked) return out;
+    auto streams = table("streams/" + std::string(consumer));
+    std::map<std::string, std::size_t> at_message;  // parked message id -> index in out
+    {
+        cursor c{txn_, *parked};
+        for (auto e = c.first(); e; e = c.next()) {
+            auto k = codec::decode_table_key(e->first);
+            if (!k || k->effect.size() != 8) continue;
+            if (out.empty() || out.back().subject != k->aggregate) {
+                parked_stream s;
+                s.subject = k->aggregate;
+                if (streams) {
+                    if (auto h = txn_.get(*streams, s.subject); h && h->size() >= 8) s.highest = codec::get_u64_le(*h);
+                }
+                out.push_back(std::move(s));
+            }
+            auto& s = out.back();
+            const auto seq = codec::get_u64_be(k->effect);
+            const auto before = s.sequences.empty() ? s.highest : s.sequences.back();
+            if (seq > before + 1) s.missing.push_back({before + 1, seq - 1});
+            s.sequences.push_back(seq);
+            std::string_view v = e->second;
+            at_message.emplace(std::string(take_str(v)), out.size() - 1);
+        }
+    }
+    // When each was parked: its message id's inbox stamp (one walk of the inbox).
+    if (auto inbox = table("inbox/" + std::string(consumer)); inbox && !at_message.empty()) {
+        cursor c{txn_, *inbox};
+        for (auto e = c.first(); e; e = c.next()) {
+            if (e->second.size() < 24) continue;
+            auto it = at_message.find(std::string(e->second.substr(24)));
+            if (it == at_message.end()) continue;
+            auto& s = out[it->second];
+            const auto stamp = codec::get_u64_le(e->second);
+            if (s.oldest_ns == 0 || stamp < s.oldest_ns) s.oldest_ns = stamp;
+        }
+    }
+    return out;
+}
+
+std::vector<snapshot::parked_event> snapshot::parked_events(std::string_view consumer) const {
+    std::vector<parked_event> out;
+    auto parked = table("parked/" + std::string(consumer));
+    if (!parked) return out;
+    auto streams = table("streams/" + std::string(consumer));
+    cursor c{txn_, *parked};
+    for (auto e = c.first(); e; e = c.next()) {
+        auto k = codec::decode_table_key(e->first);
+        if (!k || k->effect.size() != 8) continue;
+        parked_event p;
+        p.subject = k->aggregate;
+        p.sequence = codec::get_u64_be(k->effect);
+        std::uint64_t highest = 0;
+        if (streams) {
+            if (auto h = txn_.get(*streams, p.subject); h && h->size() >= 8) highest = codec::get_u64_le(*h);
+        }
+        p.waiting_for = highest + 1;
+        std::string_view v = e->second;
+        p.message_id = take_str(v);
+        p.body = v;
+        out.push_back(std::move(p));
+    }
+    return out;
+}
+
+std::vector<operator_action> snapshot::operator_actions(std::string_view consumer) const {
+    std::vector<operator_action> out;
+    auto t = table(audit_table(consumer));
+    if (!t) return out;
+    cursor c{txn_, *t};
+    for (auto e = c.first(); e; e = c.next()) out.push_back(decode_action(codec::get_u64_be(e->first), e->second));
+    return out;
+}
+
+std::vector<std::string> snapshot::message_ids_of(std::string_view consumer, std::string_view event_id) const {
+    std::vector<std::string> out{"e" + std::string(event_id)};
+    if (auto t = table(detail::event_id_log::table_name(consumer))) {
+        for (auto& m : detail::event_id_log::message_ids(txn_, *t, event_id)) out.push_back(std::move(m));
+    }
+    return out;
+}
+
+std::optional<std::string> snapshot::event_id_of(std::string_view consumer, std::string_view message_id) const {
+    auto t = table(detail::event_id_log::table_name(consumer));
+    if (!t) return std::nullopt;
+    return detail::event_id_log::event_id(txn_, *t, message_id);
+}
+
+}  // namespace idem
