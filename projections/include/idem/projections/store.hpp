@@ -52,13 +52,13 @@ struct outcome {
 struct delivery {
     std::string body;        ///< CloudEvents JSON text
     std::string message_id;  ///< transport message id (Nats-Msg-Id, Idempotency-Key); "" to use the envelope's
+    std::uint64_t line = 0;    ///< read from a log: its line (JSON Lines) or record (binary) number, 1-based; 0: not
+    std::uint64_t offset = 0;  ///< read from a log: the byte offset of the record
     /// The transport the message id belongs to (a broker stream, a webhook sender, a log's origin): a
     /// transport id (this message_id or the envelope's msgid) is unique within its transport only, so
     /// the inbox keys it by both. "" is one transport like any other. Unused when the message id is
     /// the event id.
     std::string transport{};
-    std::uint64_t line = 0;    ///< read from a log: its line (JSON Lines) or record (binary) number, 1-based; 0: not
-    std::uint64_t offset = 0;  ///< read from a log: the byte offset of the record
 };
 
 /// A source position committed with the batch that consumed up to it.
