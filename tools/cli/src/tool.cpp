@@ -696,7 +696,8 @@ void tool::impl::add_builtin_commands() {
         {db_option,
          {"event", "SOURCE/ID", "the event: its source and id (split at the last '/')"},
          {"message", "ID", "or the transport message id it was delivered under"},
-         {"transport", "NAME", "the transport of --message (a log's file name without rotation suffixes; default: none)"},
+         {"transport", "NAME",
+          "the transport of --message (a log's file name without rotation suffixes; default: any that holds it)"},
          {"key", "KEY", "also say whether this row's contributing set holds the event"},
          {"projection", "NAME", "the projection of --key (default: every projection with that row)"}},
         [this](const arguments& a) { return why(a); }});
@@ -755,6 +756,17 @@ int tool::impl::why(const arguments& a) const {
         const auto transport = a.get("transport").value_or("");
         message_id = transport_message_id(transport, *m);
         label = "message " + *m + (transport.empty() ? std::string() : " of transport " + transport);
+        if (!a.get("transport")) {
+            // Without --transport: the id under whichever transport holds it (a log's, by default).
+            auto snap = snapshot::open(db);
+            if (!snap.inbox_lookup(consumer, message_id)) {
+                if (auto found = snap.inbox_lookup_transport_id(consumer, *m)) {
+                    message_id = found->first;
+                    const auto [t, id] = split_message_id(message_id);
+                    if (!t.empty()) label += " of transport " + std::string(t);
+                }
+            }
+        }
     } else {
         throw usage_error("give --event SOURCE/ID or --message ID");
     }

@@ -405,6 +405,10 @@ public:
     /// Looks a message id up in a consumer's inbox (walks the inbox: diagnostics only). For an
     /// envelope's own id pass envelope::message_id(), for a transport id transport_message_id().
     std::optional<inbox_record> inbox_lookup(std::string_view consumer, std::string_view message_id) const;
+    /// Looks a transport id up in a consumer's inbox under any transport (walks the inbox:
+    /// diagnostics only); returns the inbox key it was found under (the first, oldest) and its record.
+    std::optional<std::pair<std::string, inbox_record>> inbox_lookup_transport_id(std::string_view consumer,
+                                                                                  std::string_view transport_id) const;
     /// Retention figures of a consumer.
     struct retention_state {
         std::uint64_t event_time = 0;        ///< the highest event time seen (ns; 0: none yet)
