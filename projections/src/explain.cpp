@@ -78,8 +78,16 @@ explanation explain(const snapshot& snap, std::string_view consumer_view, const 
         label = "event " + q.source + " " + q.id;
     } else if (!q.message.empty()) {
         candidates.push_back(transport_message_id(q.transport, q.message));
-        if (auto e = snap.event_id_of(consumer, candidates.front())) event_id = *e;
         label = "message " + q.message + (q.transport.empty() ? std::string() : " of transport " + q.transport);
+        if (q.transport.empty() && !snap.inbox_lookup(consumer, candidates.front())) {
+            // No transport named: the id under whichever transport holds it (a log's, by default).
+            if (auto found = snap.inbox_lookup_transport_id(consumer, q.message)) {
+                candidates.front() = found->first;
+                const auto [t, id] = split_message_id(found->first);
+                if (!t.empty()) label += " of transport " + std::string(t);
+            }
+        }
+        if (auto e = snap.event_id_of(consumer, candidates.front())) event_id = *e;
     } else {
         throw_error(errc::invalid_argument, "explain: name an event (source and id) or a message id");
     }
@@ -176,7 +184,9 @@ explanation explain(const snapshot& snap, std::string_view consumer_view, const 
             break;
         }
         if ((x.message_id.starts_with('m') || x.message_id.starts_with('t')) && !q.source.empty()) {
-            detail += "; it was delivered under transport message id '" + x.message_id.substr(1) + "'";
+            const auto [transport, id] = split_message_id(x.message_id);
+            detail += "; it was delivered under transport message id '" + std::string(id) + "'" +
+                      (transport.empty() ? std::string() : " of transport " + std::string(transport));
         }
         detail += "; later deliveries under the same id are duplicate messages";
     } else if (carried && !x.dead) {

@@ -44,6 +44,19 @@ std::string transport_message_id(std::string_view transport, std::string_view tr
     return out;
 }
 
+std::pair<std::string_view, std::string_view> split_message_id(std::string_view key) {
+    if (key.starts_with("t")) {
+        const auto colon = key.find(':');
+        std::size_t n = 0;
+        const auto digits = key.substr(1, colon == std::string_view::npos ? 0 : colon - 1);
+        for (char c : digits) n = n * 10 + static_cast<std::size_t>(c - '0');
+        if (colon != std::string_view::npos && colon + 1 + n <= key.size()) {
+            return {key.substr(colon + 1, n), key.substr(colon + 1 + n)};
+        }
+    }
+    return {{}, key.empty() ? key : key.substr(1)};
+}
+
 namespace {
 
 // 2: inbox entries carry a fingerprint, commit and outcome; 3: changed rows go to a journal first;
@@ -54,7 +67,7 @@ constexpr std::string_view commit_key = "commit";
 
 std::string stats_key(std::string_view consumer) { return "stats/" + std::string(consumer); }
 // A consumer's retention clock: [highest event time seen][inbox floor], ns, u64 LE each; then
-// [pending jump: lowest time][events that agree on it] (absent in stores written before).
+// [pending jump: lowest time][n: events that agree on it][their n identities] (absent in stores written before).
 std::string clock_key(std::string_view consumer) { return "clock/" + std::string(consumer); }
 // The event time below which a projection's contributing sets were pruned, ns, u64 LE.
 std::string contrib_floor_key(std::string_view projection) { return "contrib-floor/" + std::string(projection); }
@@ -62,8 +75,8 @@ std::string contrib_floor_key(std::string_view projection) { return "contrib-flo
 struct clock_record {
     std::uint64_t event_time = 0;
     std::uint64_t inbox_floor = 0;
-    std::uint64_t jump_time = 0;   // events far ahead of event_time that may be a real jump: their lowest time
-    std::uint64_t jump_votes = 0;  // how many of them agree (0: none pending)
+    std::uint64_t jump_time = 0;           // events far ahead of event_time that may be a real jump: their lowest time
+    std::vector<std::uint64_t> jump_votes;  // the identities of the distinct events that agree on it (empty: none)
 };
 
 clock_record decode_clock(std::optional<std::string_view> v) {
@@ -74,7 +87,10 @@ clock_record decode_clock(std::optional<std::string_view> v) {
     }
     if (v && v->size() >= 32) {
         c.jump_time = codec::get_u64_le(v->substr(16));
-        c.jump_votes = codec::get_u64_le(v->substr(24));
+        const auto n = codec::get_u64_le(v->substr(24));
+        for (std::size_t i = 0; i < n && v->size() >= 40 + 8 * i; ++i) {
+            c.jump_votes.push_back(codec::get_u64_le(v->substr(32 + 8 * i)));
+        }
     }
     return c;
 }
@@ -84,7 +100,8 @@ std::string encode_clock(const clock_record& c) {
     codec::put_u64_le(out, c.event_time);
     codec::put_u64_le(out, c.inbox_floor);
     codec::put_u64_le(out, c.jump_time);
-    codec::put_u64_le(out, c.jump_votes);
+    codec::put_u64_le(out, c.jump_votes.size());
+    for (auto id : c.jump_votes) codec::put_u64_le(out, id);
     return out;
 }
 
@@ -600,7 +617,7 @@ private:
     };
 
     outcome deliver(const prepared_batch::item& d);
-    bool ahead(std::uint64_t time);
+    bool ahead(std::uint64_t time, std::uint64_t identity);
     bool holds(std::size_t p, const std::string& contributor, std::uint64_t hash) const;
     bool future_guarded() const;
     outcome future_event(const envelope& ev, std::uint64_t time, std::string_view message_id, std::string_view body);
@@ -696,7 +713,7 @@ outcome batch_run::deliver(const prepared_batch::item& d) {
         }
     }
     clock_before_ = clock_.event_time;
-    future_ = d.time_ns && ahead(*d.time_ns);
+    future_ = d.time_ns && ahead(*d.time_ns, d.identity);
     if (d.time_ns && !future_) clock_.event_time = std::max(clock_.event_time, *d.time_ns);
     const auto stamp = s_.options.retention.clock == retention_clock::event ? clock_.event_time : time_ns_;
     // A collision's id is in the inbox already (the first event's); this event is not recorded under it.
@@ -748,25 +765,27 @@ outcome batch_run::future_event(const envelope& ev, std::uint64_t time, std::str
                 message_id, body);
 }
 
-bool batch_run::ahead(std::uint64_t time) {
+bool batch_run::ahead(std::uint64_t time, std::uint64_t identity) {
     // An event far ahead of the consumer's event time is held against it (one bad clock must not
     // move the horizon for everyone) until enough such events agree that the source jumped forward.
     const auto& r = s_.options.retention;
     if (!future_guarded() || clock_.event_time == 0) return false;
     const auto skew = count_ns(*r.max_future_skew);
     if (time <= clock_.event_time || time - clock_.event_time <= skew) return false;
+    // Votes are distinct events: the same outlier re-sent under new message ids votes once.
+    auto& votes = clock_.jump_votes;
     const auto lo = std::min(time, clock_.jump_time);
     const auto hi = std::max(time, clock_.jump_time);
-    if (clock_.jump_votes != 0 && hi - lo <= skew) {
+    if (!votes.empty() && hi - lo <= skew) {
         clock_.jump_time = lo;
-        ++clock_.jump_votes;
+        if (std::find(votes.begin(), votes.end(), identity) == votes.end()) votes.push_back(identity);
     } else {
         clock_.jump_time = time;
-        clock_.jump_votes = 1;
+        votes.assign(1, identity);
     }
-    if (clock_.jump_votes < std::max<std::uint32_t>(1, r.future_confirmations)) return true;
+    if (votes.size() < std::max<std::uint32_t>(1, r.future_confirmations)) return true;
     clock_.jump_time = 0;
-    clock_.jump_votes = 0;
+    votes.clear();
     return false;
 }
 
@@ -1720,6 +1739,40 @@ std::optional<snapshot::inbox_record> snapshot::inbox_lookup(std::string_view co
         r.commit = word >> 8;
         r.outcome = static_cast<outcome_kind>(word & 0xff);
         return r;
+    }
+    return std::nullopt;
+}
+
+std::optional<std::pair<std::string, snapshot::inbox_record>> snapshot::inbox_lookup_transport_id(
+    std::string_view consumer, std::string_view transport_id) const {
+    auto t = table("inbox/" + std::string(consumer));
+    if (!t) return std::nullopt;
+    cursor c{txn_, *t};
+    for (auto e = c.first(); e; e = c.next()) {
+        const auto& v = e->second;
+        if (v.size() < 32 || !v.ends_with(transport_id)) continue;
+        const auto key = v.substr(32);
+        const auto head = key.substr(0, key.size() - transport_id.size());
+        // "m" (the unnamed transport) or "t<n>:<transport>" whose length n is exactly what precedes the id
+        bool matches = head == "m";
+        if (!matches && head.starts_with("t")) {
+            const auto colon = head.find(':');
+            std::size_t n = 0;
+            bool digits = colon != std::string_view::npos && colon > 1;
+            for (std::size_t i = 1; digits && i < colon; ++i) {
+                digits = head[i] >= '0' && head[i] <= '9';
+                n = n * 10 + static_cast<std::size_t>(head[i] - '0');
+            }
+            matches = digits && head.size() == colon + 1 + n;
+        }
+        if (!matches) continue;
+        inbox_record r;
+        r.stamp = codec::get_u64_le(v);
+        r.fingerprint = codec::get_u64_le(v.substr(8));
+        const auto word = codec::get_u64_le(v.substr(16));
+        r.commit = word >> 8;
+        r.outcome = static_cast<outcome_kind>(word & 0xff);
+        return std::pair{std::string(key), r};
     }
     return std::nullopt;
 }

@@ -209,12 +209,13 @@ class rebuild_owns_its_files_test(operations_case):
         run("rebuild", "--db", db, "--log", self.path("fills.jsonl"))
         # A rebuild and a verify killed half way.
         for args in (["rebuild", "--db", db], ["verify", "--db", db]):
+            before = set(os.listdir(self.dir))
             p = subprocess.Popen([IDEM, *args, "--log", self.path("fills.jsonl")], stdout=subprocess.DEVNULL,
                                  stderr=subprocess.DEVNULL)
-            deadline = time.time() + 30
+            deadline = time.time() + 60
             aside = None
             while time.time() < deadline and aside is None:
-                aside = next((n for n in os.listdir(self.dir) if n.startswith("db.")), None)
+                aside = next((n for n in os.listdir(self.dir) if n.startswith("db.") and n not in before), None)
                 time.sleep(0.01)
             self.assertIsNotNone(aside, f"{args[0]} made nothing beside the store")
             p.send_signal(signal.SIGKILL)

@@ -242,6 +242,25 @@ TEST_CASE("a jump forward confirmed by later events moves the clock; a sequenced
     CHECK(snap.retention(consumer).event_time == gap + 3 * second_ns);
 }
 
+TEST_CASE("one outlier re-sent under new message ids votes once for a jump") {
+    temp_dir dir;
+    idem::store store{timed_options(dir.path(), 1h)};
+    store.add(totals_by_order());
+    auto at = [](std::string id, std::int64_t amount, std::uint64_t ns) {
+        auto e = line(std::move(id), "o1", amount);
+        e.time = rfc3339(ns);
+        return e;
+    };
+    const auto outlier = at("from-2099", 1000, std::uint64_t{4'070'908'800} * second_ns);  // 2099-01-01
+    auto outcomes = store.apply(std::vector{
+        from(at("a", 1, start_ns), "src", "m-1"), from(outlier, "src", "m-2"), from(outlier, "src", "m-3"),
+        from(outlier, "src", "m-4"), from(outlier, "src", "m-5"), from(at("b", 10, start_ns + second_ns), "src", "m-6")});
+    for (std::size_t i = 1; i <= 4; ++i) CHECK(outcomes[i].why == idem::reason::future_event);
+    CHECK(outcomes[5].kind == outcome_kind::applied);
+    CHECK(store.read().get<order_total>("order-totals", "o1")->state.total == 11);
+    CHECK(store.read().retention(consumer).event_time == start_ns + second_ns);
+}
+
 TEST_CASE("lateness outcomes do not depend on batch size or on when pruning ran") {
     // Fills every 100 ms; 30% are re-sent by a drop copy (new event id, same exec_id, stamped
     // when re-sent: 0.1-2.5 s later), delivered in event-time order.

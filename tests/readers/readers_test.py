@@ -159,7 +159,23 @@ class writer:
                                   stdout=self.out, stderr=self.err)
         t.procs.append(self.p)
 
+    def wait_running(self, timeout=60):
+        """Waits until it holds the store's writer lock (its pid is in idem.lock): by then it
+        handles SIGTERM, which it installs before opening the store."""
+        lock = os.path.join(self.t.db, "idem.lock")
+        deadline = time.monotonic() + timeout
+        while self.p.poll() is None and time.monotonic() < deadline:
+            try:
+                with open(lock) as f:
+                    if f.readline().strip() == str(self.p.pid):
+                        return
+            except FileNotFoundError:
+                pass
+            time.sleep(0.01)
+
     def finish(self, sig):
+        if sig == signal.SIGTERM:
+            self.wait_running()
         if self.p.poll() is None:
             self.p.send_signal(sig)
         self.p.wait(timeout=120)

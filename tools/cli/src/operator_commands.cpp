@@ -159,7 +159,7 @@ int redrive(const tool_context& t, const arguments& a) {
         out += "{\"position\":" + std::to_string(i.position) + ",\"was\":";
         append_json_string(out, to_string(i.was));
         out += ",\"message_id\":";
-        append_json_string(out, i.message_id.empty() ? std::string_view{} : std::string_view(i.message_id).substr(1));
+        append_json_string(out, split_message_id(i.message_id).second);
         out += ",\"outcome\":";
         append_json_string(out, i.refused ? std::string_view("refused") : to_string(i.result.kind));
         if (i.result.why != reason::none && !i.refused) {

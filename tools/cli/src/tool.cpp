@@ -276,20 +276,6 @@ void retention_from(const arguments& a, store_options& o) {
     }
 }
 
-/// Splits an inbox key into (transport, id): "t<n>:<transport><id>", "m<id>" or "e<event id>".
-std::pair<std::string_view, std::string_view> split_message_id(std::string_view key) {
-    if (key.starts_with("t")) {
-        const auto colon = key.find(':');
-        std::size_t n = 0;
-        const auto digits = key.substr(1, colon == std::string_view::npos ? 0 : colon - 1);
-        for (char c : digits) n = n * 10 + static_cast<std::size_t>(c - '0');
-        if (colon != std::string_view::npos && colon + 1 + n <= key.size()) {
-            return {key.substr(colon + 1, n), key.substr(colon + 1 + n)};
-        }
-    }
-    return {{}, key.empty() ? key : key.substr(1)};
-}
-
 std::string time_text(std::uint64_t ns) {
     if (ns == 0) return "-";
     auto t = static_cast<std::time_t>(ns / 1'000'000'000);
@@ -779,7 +765,7 @@ void tool::impl::add_builtin_commands() {
         {db_option,
          {"event", "SOURCE/ID", "the event: its source and id (split at the last '/')"},
          {"message", "ID", "or the transport message id it was delivered under"},
-         {"transport", "NAME", "the transport of --message (a log's file name without rotation suffixes; default: none)"},
+         {"transport", "NAME", "the transport of --message (a log's file name without rotation suffixes; default: any that holds it)"},
          {"key", "KEY", "also say whether this row holds the event's effect (its effect key per projection)"},
          {"projection", "NAME", "the projection of --key (default: every projection with that row)"}},
         [this](const arguments& a) { return why(a); }});

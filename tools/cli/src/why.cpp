@@ -66,7 +66,12 @@ int why(const tool_context& t, const arguments& a) {
     }
     if (!x.message_id.empty()) {
         out += x.message_id.starts_with('e') ? ",\"event_message_id\":" : ",\"message_id\":";
-        append_json_string(out, std::string_view(x.message_id).substr(1));
+        const auto [transport, id] = split_message_id(x.message_id);
+        append_json_string(out, id);
+        if (!transport.empty()) {
+            out += ",\"transport\":";
+            append_json_string(out, transport);
+        }
     }
     if (x.parked) {
         out += ",\"parked\":{\"subject\":";

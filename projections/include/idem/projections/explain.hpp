@@ -20,7 +20,7 @@ struct why_query {
     std::string source{};                    ///< the event: its source and id (both set), or
     std::string id{};
     std::string message{};                   ///< the transport message id it was delivered under
-    std::string transport{};                 ///< the transport of message ("": the unnamed one)
+    std::string transport{};                 ///< the transport of message ("": any that holds it)
     std::optional<std::string> key{};        ///< also: does this row hold the event's effect?
     std::vector<const projection_base*> projections{};  ///< whose rows to check (those with a row `key`)
 };

@@ -52,13 +52,13 @@ struct outcome {
 struct delivery {
     std::string body;        ///< CloudEvents JSON text
     std::string message_id;  ///< transport message id (Nats-Msg-Id, Idempotency-Key); "" to use the envelope's
+    std::uint64_t line = 0;    ///< read from a log: its line (JSON Lines) or record (binary) number, 1-based; 0: not
+    std::uint64_t offset = 0;  ///< read from a log: the byte offset of the record
     /// The transport the message id belongs to (a broker stream, a webhook sender, a log's origin): a
     /// transport id (this message_id or the envelope's msgid) is unique within its transport only, so
     /// the inbox keys it by both. "" is one transport like any other. Unused when the message id is
     /// the event id.
     std::string transport{};
-    std::uint64_t line = 0;    ///< read from a log: its line (JSON Lines) or record (binary) number, 1-based; 0: not
-    std::uint64_t offset = 0;  ///< read from a log: the byte offset of the record
 };
 
 /// A source position committed with the batch that consumed up to it.
@@ -178,6 +178,9 @@ struct consumer_stats {
 /// else "t<len(transport)>:<transport><id>" (length-prefixed: no two (transport, id) pairs alias, and
 /// neither aliases an event id's "e..." key).
 std::string transport_message_id(std::string_view transport, std::string_view transport_id);
+/// Splits an inbox key into (transport, id): "t<n>:<transport><id>", "m<id>" (transport "") or
+/// "e<event id>" (transport "", id the event id).
+std::pair<std::string_view, std::string_view> split_message_id(std::string_view key);
 /// What redrive() applies again: dead letters matching every filter given.
 struct redrive_options {
     std::optional<reason> why{};                  ///< only dead letters with this reason
@@ -502,6 +505,10 @@ public:
     /// Looks a message id up in a consumer's inbox (walks the inbox: diagnostics only). For an
     /// envelope's own id pass envelope::message_id(), for a transport id transport_message_id().
     std::optional<inbox_record> inbox_lookup(std::string_view consumer, std::string_view message_id) const;
+    /// Looks a transport id up in a consumer's inbox under any transport (walks the inbox:
+    /// diagnostics only); returns the inbox key it was found under (the first, oldest) and its record.
+    std::optional<std::pair<std::string, inbox_record>> inbox_lookup_transport_id(std::string_view consumer,
+                                                                                  std::string_view transport_id) const;
     /// Retention figures of a consumer.
     struct retention_state {
         std::uint64_t event_time = 0;        ///< the highest event time seen (ns; 0: none yet)
