@@ -8,6 +8,7 @@
 #include <idem/projections/store.hpp>
 
 #include "event_ids.hpp"
+#include "inbox_entry.hpp"
 #include "operator_session.hpp"
 
 #include <idem/storage/codec.hpp>
@@ -333,11 +334,12 @@ std::vector<parked_stream> snapshot::parked_streams(std::string_view consumer) c
     if (auto inbox = table("inbox/" + std::string(consumer)); inbox && !at_message.empty()) {
         cursor c{txn_, *inbox};
         for (auto e = c.first(); e; e = c.next()) {
-            if (e->second.size() < 24) continue;
-            auto it = at_message.find(std::string(e->second.substr(24)));
+            const auto entry = detail::decode_inbox_entry(e->second);
+            if (!entry) continue;
+            auto it = at_message.find(std::string(entry->message_id));
             if (it == at_message.end()) continue;
             auto& s = out[it->second];
-            const auto stamp = codec::get_u64_le(e->second);
+            const auto stamp = entry->record.stamp;
             if (s.oldest_ns == 0 || stamp < s.oldest_ns) s.oldest_ns = stamp;
         }
     }

@@ -1,6 +1,7 @@
 #include <idem/projections/store.hpp>
 
 #include "event_ids.hpp"
+#include "inbox_entry.hpp"
 #include "operator_session.hpp"
 #include "row_journal.hpp"
 
@@ -112,8 +113,6 @@ std::uint64_t get_u64_or_zero(std::optional<std::string_view> v) {
 std::uint64_t count_ns(std::chrono::nanoseconds d) { return d.count() > 0 ? static_cast<std::uint64_t>(d.count()) : 0; }
 
 // Inbox entries carry [fingerprint][commit << 8 | outcome].
-std::uint64_t inbox_word(std::uint64_t commit, outcome_kind k) { return commit << 8 | static_cast<std::uint64_t>(k); }
-
 std::uint64_t now_ns() {
     return static_cast<std::uint64_t>(
         std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
@@ -289,7 +288,7 @@ struct store::impl {
         auto new_dead = env->table("deadletter/" + options.consumer);
         auto new_checkpoints = env->table("checkpoint/" + options.consumer);
         auto new_collisions = env->table("collision/" + options.consumer);
-        auto new_ids = std::make_unique<id_log>(*env, "inbox/" + options.consumer, 3);
+        auto new_ids = std::make_unique<id_log>(*env, "inbox/" + options.consumer, detail::inbox_extra_words);
         auto new_event_ids = std::make_unique<detail::event_id_log>(*env, options.consumer, new_ids->table());
         std::vector<MDB_dbi> new_tables;
         std::vector<std::unique_ptr<id_log>> new_contributors;
@@ -725,7 +724,7 @@ outcome batch_run::deliver(const prepared_batch::item& d) {
     }
     auto result = malformed ? dead(d.err.why, "malformed event: " + d.err.detail, message_id, d.body)
                             : process(d.ev, d.time_ns, message_id, d.body, d.parts);
-    if (record) s_.ids->annotate_last({d.fingerprint, inbox_word(commit_, result.kind), d.identity});
+    if (record) s_.ids->annotate_last({d.fingerprint, detail::inbox_word(commit_, result.kind), d.identity});
     if (collision) {
         *collision += ": " + std::string(to_string(result.kind)) +
                       (result.why != reason::none ? " (" + std::string(to_string(result.why)) + ")" : std::string());
@@ -1730,15 +1729,8 @@ std::optional<snapshot::inbox_record> snapshot::inbox_lookup(std::string_view co
     if (!t) return std::nullopt;
     cursor c{txn_, *t};
     for (auto e = c.first(); e; e = c.next()) {
-        const auto& v = e->second;
-        if (v.size() < 32 || v.substr(32) != message_id) continue;
-        inbox_record r;
-        r.stamp = codec::get_u64_le(v);
-        r.fingerprint = codec::get_u64_le(v.substr(8));
-        const auto word = codec::get_u64_le(v.substr(16));
-        r.commit = word >> 8;
-        r.outcome = static_cast<outcome_kind>(word & 0xff);
-        return r;
+        auto entry = detail::decode_inbox_entry(e->second);
+        if (entry && entry->message_id == message_id) return entry->record;
     }
     return std::nullopt;
 }
@@ -1749,30 +1741,13 @@ std::optional<std::pair<std::string, snapshot::inbox_record>> snapshot::inbox_lo
     if (!t) return std::nullopt;
     cursor c{txn_, *t};
     for (auto e = c.first(); e; e = c.next()) {
-        const auto& v = e->second;
-        if (v.size() < 32 || !v.ends_with(transport_id)) continue;
-        const auto key = v.substr(32);
-        const auto head = key.substr(0, key.size() - transport_id.size());
-        // "m" (the unnamed transport) or "t<n>:<transport>" whose length n is exactly what precedes the id
-        bool matches = head == "m";
-        if (!matches && head.starts_with("t")) {
-            const auto colon = head.find(':');
-            std::size_t n = 0;
-            bool digits = colon != std::string_view::npos && colon > 1;
-            for (std::size_t i = 1; digits && i < colon; ++i) {
-                digits = head[i] >= '0' && head[i] <= '9';
-                n = n * 10 + static_cast<std::size_t>(head[i] - '0');
-            }
-            matches = digits && head.size() == colon + 1 + n;
-        }
-        if (!matches) continue;
-        inbox_record r;
-        r.stamp = codec::get_u64_le(v);
-        r.fingerprint = codec::get_u64_le(v.substr(8));
-        const auto word = codec::get_u64_le(v.substr(16));
-        r.commit = word >> 8;
-        r.outcome = static_cast<outcome_kind>(word & 0xff);
-        return std::pair{std::string(key), r};
+        auto entry = detail::decode_inbox_entry(e->second);
+        if (!entry || !entry->message_id.ends_with(transport_id)) continue;
+        // A transport id ("m..." or "t<n>:<transport>..."), not an event id that ends alike.
+        const auto key = entry->message_id;
+        if (!key.starts_with('m') && !key.starts_with('t')) continue;
+        if (split_message_id(key).second != transport_id) continue;
+        return std::pair{std::string(key), entry->record};
     }
     return std::nullopt;
 }
