@@ -4,6 +4,7 @@
 
 #include <idem/cli/tool.hpp>
 
+#include "command_line.hpp"
 #include "commands.hpp"
 #include "map_fault.hpp"
 
@@ -86,27 +87,12 @@ struct tool::impl {
 };
 
 int tool::impl::usage(std::FILE* to) const {
-    std::fprintf(to, "usage: %s COMMAND [OPTIONS]   (%s COMMAND --help for its options)\n\ncommands:\n", name.c_str(),
-                 name.c_str());
-    for (const auto& c : commands) std::fprintf(to, "  %-12s %s\n", c.name.c_str(), c.summary.c_str());
-    std::fprintf(to, "\nexit status: 0 success (dead-lettered input is counted, not an error), 1 usage error,\n"
-                     "2 I/O or storage failure; verify: 1 differs, 3 behind its logs.\n");
+    std::fputs(detail::command_line{name, commands}.usage().c_str(), to);
     return to == stdout ? 0 : 1;
 }
 
 int tool::impl::help(const command& c, std::FILE* to) const {
-    std::string line = "usage: " + name + " " + c.name;
-    for (const auto& o : c.options) {
-        std::string part = "--" + o.name + (o.value.empty() ? "" : " " + o.value);
-        if (o.repeated) part += " [--" + o.name + " ...]";
-        line += o.required ? " " + part : " [" + part + "]";
-    }
-    std::fprintf(to, "%s\n\n%s\n\noptions:\n", line.c_str(), c.summary.c_str());
-    for (const auto& o : c.options) {
-        std::string flag = "--" + o.name + (o.value.empty() ? "" : " " + o.value);
-        std::fprintf(to, "  %-26s %s%s\n", flag.c_str(), o.help.c_str(), o.required ? " (required)" : "");
-    }
-    std::fprintf(to, "  %-26s %s\n", "--help", "show this help");
+    std::fputs(detail::command_line{name, commands}.help(c).c_str(), to);
     return to == stdout ? 0 : 1;
 }
 
@@ -154,23 +140,21 @@ int tool::run(const std::vector<std::string>& args) {
     auto& s = *impl_;
     detail::map_fault_guard fault_guard;  // a fault inside a damaged map is reported, not silent
     if (args.empty()) return s.usage(stderr);
-    if (args[0] == "--help" || args[0] == "-h" || args[0] == "help") return s.usage(stdout);
-    auto it = std::find_if(s.commands.begin(), s.commands.end(), [&](const command& c) { return c.name == args[0]; });
-    if (it == s.commands.end()) {
-        std::fprintf(stderr, "%s: unknown command '%s'\n", s.name.c_str(), args[0].c_str());
+    if (args[0] == "help") return s.usage(stdout);
+    detail::command_line line{s.name, s.commands};
+    auto parsed = line.parse(args);
+    if (!parsed.unknown.empty()) {
+        std::fprintf(stderr, "%s: unknown command '%s'\n", s.name.c_str(), parsed.unknown.c_str());
         s.usage(stderr);
         return 1;
     }
-    const auto& c = *it;
-    std::vector<std::string> rest(args.begin() + 1, args.end());
-    if (std::find(rest.begin(), rest.end(), "--help") != rest.end() ||
-        std::find(rest.begin(), rest.end(), "-h") != rest.end()) {
-        return s.help(c, stdout);
-    }
+    if (parsed.chosen == nullptr) return s.usage(parsed.help ? stdout : stderr);
+    const auto& c = *parsed.chosen;
+    if (parsed.help) return s.help(c, stdout);
     try {
-        arguments parsed{c.name, c.options, rest};
-        if (auto db = parsed.get("db")) detail::note_store(s.name, *db);
-        return c.run(parsed);
+        if (!parsed.error.empty()) throw usage_error(parsed.error);
+        if (auto db = parsed.args.get("db")) detail::note_store(s.name, *db);
+        return c.run(parsed.args);
     } catch (const usage_error& e) {
         std::fprintf(stderr, "%s %s: %s\n", s.name.c_str(), c.name.c_str(), e.what());
         s.help(c, stderr);
