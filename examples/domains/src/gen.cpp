@@ -1,10 +1,12 @@
+// generate(): the domain-neutral half of the example-log generator. It draws the ids, times,
+// streams and sequences, mixes in the defects (redeliveries, republished and reissued copies,
+// late events, defect lines), wraps each event in its envelope, and models what the store does
+// with each line. What the events of a domain are, how they read and what they do to its rows
+// is that domain's generator (trading_gen.cpp, orders_gen.cpp, game_gen.cpp; gen_domain.hpp).
+
 #include <idem/examples/gen.hpp>
 
-#include <idem/examples/game.hpp>
-#include <idem/examples/orders.hpp>
-#include <idem/examples/trading.hpp>
-
-#include "totals.hpp"
+#include "gen_domain.hpp"
 
 #include <algorithm>
 #include <array>
@@ -54,69 +56,29 @@ std::vector<defect> every_defect() {
             defect::invalid_utf8, defect::key_too_long,     defect::undecodable,  defect::rejected};
 }
 
+namespace detail {
+
+void line_text::key_flaws(const line_spec& s) {
+    // Appended to a key to take it past LMDB's 511-byte key limit.
+    static const std::string long_suffix(600, 'x');
+    // The byte sequence C3 28: a two-byte UTF-8 lead followed by a non-continuation byte.
+    constexpr std::string_view bad_utf8 = "\xC3\x28";
+    if (has_flaw(s, defect::key_too_long)) text.append(long_suffix);
+    if (has_flaw(s, defect::invalid_utf8)) text.append(bad_utf8);
+}
+
+std::unique_ptr<domain_gen> make_domain_gen(const gen_options& o, random_bits& rng) {
+    if (o.domain == "trading") return trading_gen(o, rng);
+    if (o.domain == "game") return game_gen(o, rng);
+    if (o.domain == "orders") return orders_gen(o, rng);
+    throw std::invalid_argument("unknown domain '" + o.domain + "' (trading, game or orders)");
+}
+
+}  // namespace detail
+
 namespace {
 
-// xoshiro256** seeded through splitmix64: the same numbers for a seed on every platform
-// (the standard distributions are not specified bit for bit).
-class random_bits {
-public:
-    explicit random_bits(std::uint64_t seed) {
-        for (auto& s : s_) {
-            seed += 0x9E3779B97F4A7C15ull;
-            std::uint64_t z = seed;
-            z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-            z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-            s = z ^ (z >> 31);
-        }
-    }
-    std::uint64_t next() {
-        const std::uint64_t result = rotl(s_[1] * 5, 7) * 9;
-        const std::uint64_t t = s_[1] << 17;
-        s_[2] ^= s_[0];
-        s_[3] ^= s_[1];
-        s_[1] ^= s_[2];
-        s_[0] ^= s_[3];
-        s_[2] ^= t;
-        s_[3] = rotl(s_[3], 45);
-        return result;
-    }
-    // The modulo bias is below 2^-40 for the small ranges used here.
-    std::uint64_t below(std::uint64_t n) { return n == 0 ? 0 : next() % n; }
-    std::int64_t between(std::int64_t lo, std::int64_t hi) {
-        return lo + static_cast<std::int64_t>(below(static_cast<std::uint64_t>(hi - lo) + 1));
-    }
-    // Always draws, so the stream does not depend on p.
-    bool chance(double p) { return static_cast<double>(next() >> 11) * 0x1.0p-53 < p; }
-
-private:
-    static std::uint64_t rotl(std::uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-    std::array<std::uint64_t, 4> s_{};
-};
-
-enum class domain_kind : std::uint8_t { trading, game, orders };
-enum class op : std::uint8_t { fill, line, score, grant, consume };
-constexpr std::uint8_t no_flaw = 0xFF;
-
-// One line as the generator decided it; the text is rendered from it, so a copy is
-// re-rendered rather than kept.
-struct line_spec {
-    std::uint64_t event = 0;  // the id's number, unique in the log
-    std::uint64_t msgid = 0;  // 0: no msgid attribute
-    std::uint64_t exec = 0;   // trading: the exec_id's number
-    std::uint64_t seq = 0;    // 0: no sequence attribute
-    std::uint64_t time_us = 0;
-    std::int64_t amount = 0;  // fill: signed qty; line: amount; score: points; items: count
-    std::int64_t price = 0;   // fill: ticks
-    std::uint32_t row = 0;    // position, order or player: the subject's stream
-    std::uint32_t item = 0;   // items: index into the catalog
-    op what = op::fill;
-    std::uint8_t flaw = no_flaw;  // a defect, as its enum value
-    bool reissued = false;
-};
-
-bool has_flaw(const line_spec& s, defect d) {
-    return s.flaw == static_cast<std::uint8_t>(d);
-}
+using namespace detail;
 
 // The outcomes and reasons the store reports, as the model counts them.
 enum class result : std::uint8_t { applied, duplicate_message, duplicate_event, parked, dead_lettered, ignored };
@@ -167,11 +129,6 @@ const char* name_of(why w) {
     return "unknown";
 }
 
-constexpr std::size_t catalog_size = 8;
-constexpr std::array<const char*, catalog_size> catalog{"sword", "shield", "potion", "arrow",
-                                                        "gem",   "key",    "scroll", "coin"};
-using item_counts = std::array<std::int64_t, catalog_size>;
-
 // Sets flag i, growing the vector; returns whether it was already set.
 bool test_and_set(std::vector<std::uint8_t>& flags, std::uint64_t i) {
     if (i >= flags.size()) flags.resize(std::max<std::size_t>(static_cast<std::size_t>(i) + 1, flags.size() * 2));
@@ -189,21 +146,8 @@ bool is_set(const std::vector<std::uint8_t>& flags, std::uint64_t i) {
 // gap, release when it fills), then the contributing set, then the handler, all or nothing.
 class store_model {
 public:
-    store_model(domain_kind d, std::size_t streams, std::size_t matches)
-        : domain_(d), matches_(matches), highest_(streams), parked_in_(streams) {
-        if (d == domain_kind::trading) {
-            positions_.resize(streams);
-            versions_.resize(streams);
-        } else if (d == domain_kind::orders) {
-            orders_.resize(streams);
-            versions_.resize(streams);
-        } else {
-            match_total_.resize(matches);
-            match_version_.resize(matches);
-            held_.resize(streams);
-            versions_.resize(streams);
-        }
-    }
+    store_model(domain_gen& domain, std::size_t streams)
+        : domain_(domain), highest_(streams), parked_in_(streams) {}
 
     void observe(const line_spec& s) {
         if (auto w = parse_failure(s)) {
@@ -223,7 +167,7 @@ public:
             if (reasons_[i] != 0) r.dead_letter_reasons[name_of(static_cast<why>(i))] = reasons_[i];
         }
         r.parked_left = parked_.size();
-        r.totals_json = totals();
+        r.totals_json = domain_.totals();
         return r;
     }
 
@@ -296,133 +240,32 @@ private:
         if (has_flaw(s, defect::unknown_type)) return dead(why::unknown_type);
         if (has_flaw(s, defect::undecodable)) return dead(why::decode_failed);
         if (has_flaw(s, defect::key_too_long)) return dead(why::key_too_long);
-        // Effect keys: a fill's exec_id; every other event's own id.
-        auto& effects = s.what == op::fill ? effect_exec_ : effect_event_;
-        const std::uint64_t effect = s.what == op::fill ? s.exec : s.event;
-        if (is_set(effects, effect)) return result::duplicate_event;
-        if (has_flaw(s, defect::rejected) && s.what == op::fill) return dead(why::handler_failed);
+        const auto effect = domain_.effect(s);
+        auto& effects = effect.from_payload ? effect_payload_ : effect_event_;
+        if (is_set(effects, effect.id)) return result::duplicate_event;
+        if (has_flaw(s, defect::rejected)) return dead(why::handler_failed);
         try {
-            switch (s.what) {
-                case op::fill:
-                    positions_[s.row].apply(s.amount, s.price);
-                    break;
-                case op::line:
-                    orders_[s.row].add(line_added{{}, s.amount});
-                    break;
-                case op::score: {
-                    const auto m = s.row % matches_;
-                    match_total_[m] += s.amount;
-                    ++match_version_[m];
-                    break;
-                }
-                case op::grant:
-                    held_[s.row][s.item] += s.amount;
-                    break;
-                case op::consume:
-                    if (held_[s.row][s.item] < s.amount) return dead(why::handler_failed);
-                    held_[s.row][s.item] -= s.amount;
-                    break;
-            }
+            if (!domain_.apply(s)) return dead(why::handler_failed);
         } catch (const std::exception&) {
             return dead(why::handler_failed);
         }
-        if (s.what != op::score) ++versions_[s.row];
-        test_and_set(effects, effect);
+        test_and_set(effects, effect.id);
         return result::applied;
     }
 
-    std::string totals() const {
-        if (domain_ == domain_kind::trading) {
-            std::int64_t rows = 0, fills = 0, qty = 0, cost = 0, pnl = 0;
-            for (std::size_t i = 0; i < positions_.size(); ++i) {
-                if (versions_[i] == 0) continue;
-                ++rows;
-                fills += static_cast<std::int64_t>(versions_[i]);
-                qty += positions_[i].qty;
-                cost += positions_[i].cost;
-                pnl += positions_[i].realized_pnl;
-            }
-            return detail::format_totals(
-                {{"positions", rows}, {"fills", fills}, {"qty", qty}, {"cost", cost}, {"realized_pnl", pnl}});
-        }
-        if (domain_ == domain_kind::orders) {
-            std::int64_t rows = 0, lines = 0, total = 0;
-            for (std::size_t i = 0; i < orders_.size(); ++i) {
-                if (versions_[i] == 0) continue;
-                ++rows;
-                lines += orders_[i].lines;
-                total += orders_[i].total;
-            }
-            return detail::format_totals({{"orders", rows}, {"lines", lines}, {"total", total}});
-        }
-        std::int64_t matches = 0, scores = 0, points = 0, players = 0, item_events = 0, items = 0;
-        for (std::size_t m = 0; m < match_total_.size(); ++m) {
-            if (match_version_[m] == 0) continue;
-            ++matches;
-            scores += static_cast<std::int64_t>(match_version_[m]);
-            points += match_total_[m];
-        }
-        for (std::size_t p = 0; p < held_.size(); ++p) {
-            if (versions_[p] == 0) continue;
-            ++players;
-            item_events += static_cast<std::int64_t>(versions_[p]);
-            for (auto n : held_[p]) items += n;
-        }
-        return detail::format_totals({{"matches", matches},
-                                      {"scores", scores},
-                                      {"points", points},
-                                      {"players", players},
-                                      {"item_events", item_events},
-                                      {"items", items}});
-    }
-
-    domain_kind domain_;
-    std::size_t matches_;
+    domain_gen& domain_;
     std::array<std::uint64_t, result_names.size()> outcomes_{};
     std::array<std::uint64_t, why_count> reasons_{};
     std::uint64_t released_ = 0;
     std::vector<std::uint8_t> inbox_msgid_, inbox_event_;
-    std::vector<std::uint8_t> effect_exec_, effect_event_;
+    std::vector<std::uint8_t> effect_payload_, effect_event_;
     std::vector<std::uint64_t> highest_;
     std::vector<std::uint32_t> parked_in_;
     std::unordered_map<std::uint64_t, line_spec> parked_;
-    // Rows, indexed by stream (positions, orders, players' inventories) or by match.
-    std::vector<position> positions_;
-    std::vector<order_total> orders_;
-    std::vector<std::int64_t> match_total_;
-    std::vector<std::uint64_t> match_version_;
-    std::vector<item_counts> held_;
-    std::vector<std::uint64_t> versions_;
 };
-
-constexpr std::array<const char*, 32> tickers{"AAPL", "MSFT", "NVDA", "AMZN", "GOOG", "META", "TSLA", "AVGO",
-                                              "JPM",  "V",    "MA",   "UNH",  "XOM",  "JNJ",  "PG",   "HD",
-                                              "COST", "ABBV", "MRK",  "CVX",  "KO",   "PEP",  "ADBE", "CRM",
-                                              "NFLX", "AMD",  "INTC", "CSCO", "ORCL", "QCOM", "TXN",  "IBM"};
-constexpr std::array<const char*, 4> venues{"xnas", "xnys", "arcx", "bats"};
-constexpr std::array<const char*, 4> exec_prefixes{"XNAS-", "XNYS-", "ARCX-", "BATS-"};
-constexpr std::array<const char*, 3> shops{"/shop/web", "/shop/mobile", "/shop/pos"};
-constexpr std::array<const char*, 2> match_servers{"/match-server/eu-1", "/match-server/us-1"};
 
 // 2026-12-02T09:30:00Z, the log's first event time.
 constexpr std::uint64_t start_us = 1'796'203'800ull * 1'000'000ull;
-// Appended to a key to take it past LMDB's 511-byte key limit.
-const std::string long_suffix(600, 'x');
-// The byte sequence C3 28: a two-byte UTF-8 lead followed by a non-continuation byte.
-constexpr std::string_view bad_utf8 = "\xC3\x28";
-
-void append_uint(std::string& out, std::uint64_t v) {
-    char buf[24];
-    auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
-    out.append(buf, end);
-}
-
-void append_int(std::string& out, std::int64_t v) {
-    char buf[24];
-    auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
-    out.append(buf, end);
-}
-
 void append_padded(std::string& out, std::uint64_t v, int width) {
     char buf[8];
     for (int i = width - 1; i >= 0; --i) {
@@ -465,23 +308,16 @@ void append_time(std::string& out, std::uint64_t us) {
 class generator {
 public:
     generator(const gen_options& o, const std::function<void(std::string_view)>& sink)
-        : o_(o), sink_(sink), rng_(o.seed), model_(kind_of(o.domain), streams_of(o), matches_of(o)) {
-        domain_ = kind_of(o.domain);
+        : o_(o), sink_(sink), rng_(o.seed), domain_(make_domain_gen(o, rng_)), model_(*domain_, domain_->streams()) {
         for (double share : {o.redeliver, o.republish, o.reissue, o.reorder, o.malformed}) {
             if (!(share >= 0.0 && share <= 1.0)) throw std::invalid_argument("a share must be within [0, 1]");
         }
         if (o.events >= (std::uint64_t{1} << 32)) throw std::invalid_argument("at most 2^32 - 1 events");
-        streams_ = streams_of(o);
-        matches_ = matches_of(o);
-        instruments_ = std::min<std::size_t>(streams_, tickers.size());
+        streams_ = domain_->streams();
         for (auto d : o.defects) {
-            if (d == defect::rejected && domain_ == domain_kind::orders)
-                continue;  // order lines have no invalid amount
-            kinds_.push_back(d);
+            if (domain_->makes(d)) kinds_.push_back(d);
         }
         next_seq_.resize(streams_);
-        if (domain_ == domain_kind::game) gen_held_.resize(streams_);
-        for (std::size_t i = 0; i < instruments_; ++i) base_price_.push_back(rng_.between(1'000, 90'000));
         text_.reserve(1024);
     }
 
@@ -540,85 +376,19 @@ private:
         }
     };
 
-    static domain_kind kind_of(std::string_view d) {
-        if (d == "trading") return domain_kind::trading;
-        if (d == "game") return domain_kind::game;
-        if (d == "orders") return domain_kind::orders;
-        throw std::invalid_argument("unknown domain '" + std::string(d) + "' (trading, game or orders)");
-    }
-    static std::size_t matches_of(const gen_options& o) {
-        return std::max<std::size_t>(1, static_cast<std::size_t>(o.aggregates / 10));
-    }
-    // Streams: positions, orders, or players (the aggregates left after the matches).
-    static std::size_t streams_of(const gen_options& o) {
-        const auto n = static_cast<std::size_t>(std::max<std::uint64_t>(1, o.aggregates));
-        if (o.domain == "game") return std::max<std::size_t>(1, n > matches_of(o) ? n - matches_of(o) : 1);
-        if (n >= (std::size_t{1} << 32)) throw std::invalid_argument("at most 2^32 - 1 aggregates");
-        return n;
-    }
-
     std::uint32_t pick_row() { return static_cast<std::uint32_t>(rng_.below(streams_)); }
 
+    // A fresh event: the next id and time, a msgid half of the time, a stream, and what the
+    // domain makes of it; then its stream's next sequence.
     line_spec next_event() {
         line_spec s;
         s.event = next_event_++;
         s.time_us = clock_;
         if (rng_.chance(0.5)) s.msgid = next_msgid_++;
         s.row = pick_row();
-        switch (domain_) {
-            case domain_kind::trading:
-                make_fill(s);
-                break;
-            case domain_kind::orders:
-                make_line(s);
-                break;
-            case domain_kind::game: {
-                const auto roll = rng_.below(100);
-                auto& held = gen_held_[s.row];
-                const bool holds_any = std::any_of(held.begin(), held.end(), [](std::int64_t n) { return n > 0; });
-                if (roll < 60) {
-                    make_score(s);
-                } else if (roll < 85 || !holds_any) {
-                    s.what = op::grant;
-                    s.item = static_cast<std::uint32_t>(rng_.below(catalog_size));
-                    s.amount = rng_.between(1, 5);
-                    held[s.item] += s.amount;
-                } else {
-                    s.what = op::consume;
-                    auto start = rng_.below(catalog_size);
-                    for (std::size_t k = 0; k < catalog_size; ++k) {
-                        const auto item = (start + k) % catalog_size;
-                        if (held[item] > 0) {
-                            s.item = static_cast<std::uint32_t>(item);
-                            break;
-                        }
-                    }
-                    s.amount = rng_.between(1, held[s.item]);
-                    held[s.item] -= s.amount;
-                }
-                break;
-            }
-        }
+        domain_->make_event(s, rng_);
         s.seq = ++next_seq_[s.row];
         return s;
-    }
-
-    void make_fill(line_spec& s) {
-        s.what = op::fill;
-        const auto instrument = s.row % instruments_;
-        const std::int64_t base = base_price_[instrument];
-        s.price = base + rng_.between(-base / 100, base / 100);
-        const std::int64_t qty = rng_.between(1, 500);
-        s.amount = rng_.chance(0.5) ? qty : -qty;
-        s.exec = next_exec_++;
-    }
-    void make_line(line_spec& s) {
-        s.what = op::line;
-        s.amount = rng_.chance(0.03) ? -rng_.between(100, 5'000) : rng_.between(100, 99'999);
-    }
-    void make_score(line_spec& s) {
-        s.what = op::score;
-        s.amount = rng_.chance(0.05) ? -rng_.between(1, 20) : rng_.between(1, 100);
     }
 
     // A defect line: a fresh event outside every stream (no sequence), broken one way.
@@ -630,24 +400,7 @@ private:
         if (rng_.chance(0.5)) s.msgid = next_msgid_++;
         s.row = pick_row();
         s.flaw = static_cast<std::uint8_t>(kind);
-        switch (domain_) {
-            case domain_kind::trading:
-                make_fill(s);
-                break;
-            case domain_kind::orders:
-                make_line(s);
-                break;
-            case domain_kind::game:
-                if (kind == defect::rejected) {
-                    // More than any player can hold: the handler refuses it whatever the row holds.
-                    s.what = op::consume;
-                    s.item = static_cast<std::uint32_t>(rng_.below(catalog_size));
-                    s.amount = 1'000'000'000'000;
-                } else {
-                    make_score(s);
-                }
-                break;
-        }
+        domain_->make_defect(s, rng_);
         return s;
     }
 
@@ -664,9 +417,7 @@ private:
                 return false;
         }
     }
-    bool reissuable(const line_spec& s) const {
-        return s.flaw == no_flaw && !s.reissued && (s.what == op::fill || s.what == op::score);
-    }
+    bool reissuable(const line_spec& s) const { return s.flaw == no_flaw && !s.reissued && domain_->reissuable(s); }
 
     void emit(const line_spec& s, bool original) {
         render(s);
@@ -681,13 +432,12 @@ private:
             schedule(rng_.between(1, 5'000), copy, false);
         }
         if (reissuable(s) && rng_.chance(o_.reissue)) {
-            // A drop copy reports the fill again outside the venue's stream; a replayed score
-            // claims the same position of the player's stream.
+            // A new event with the same effect (a drop copy of a fill, a replayed score).
             line_spec copy = s;
             copy.event = next_event_++;
             copy.reissued = true;
             copy.msgid = rng_.chance(0.5) ? next_msgid_++ : 0;
-            if (copy.what == op::fill) copy.seq = 0;
+            domain_->reissue(copy);
             schedule(rng_.between(1, 2'000), copy, true);
         }
     }
@@ -706,199 +456,24 @@ private:
         }
     }
 
-    // --- rendering ----------------------------------------------------------
+    // --- rendering: the envelope around the domain's subject and data -------
 
     void append_string(std::string_view s) {
         text_.push_back('"');
         text_.append(s);
         text_.push_back('"');
     }
-    void append_attribute(const char* name, std::string_view value) {
-        text_.append(",\"").append(name).append("\":");
-        append_string(value);
-    }
-
-    // The aggregate's name as it appears in data and subject; a key_too_long defect makes it long.
-    void append_key_name(const line_spec& s) {
-        if (s.what != op::grant && s.what != op::consume) text_.append(o_.key_prefix);
-        switch (s.what) {
-            case op::fill:
-                text_.append("acct-");
-                append_uint(text_, s.row / instruments_);
-                break;
-            case op::line:
-                text_.append("order-");
-                append_uint(text_, s.row);
-                break;
-            case op::score:
-                text_.append("match-");
-                append_uint(text_, s.row % matches_);
-                break;
-            case op::grant:
-            case op::consume:
-                append_player(s.row);
-                break;
-        }
-        if (has_flaw(s, defect::key_too_long)) text_.append(long_suffix);
-        if (has_flaw(s, defect::invalid_utf8)) text_.append(bad_utf8);
-    }
-    void append_player(std::uint32_t row) {
-        text_.append(o_.key_prefix);
-        text_.append("player-");
-        append_uint(text_, row);
-    }
-    void append_instrument(const line_spec& s) {
-        const auto i = s.row % instruments_;
-        text_.append(tickers[i]);
-    }
-
-    void append_subject(const line_spec& s) {
-        text_.append(",\"subject\":\"");
-        switch (s.what) {
-            case op::fill:
-                append_key_name(s);
-                text_.push_back('/');
-                append_instrument(s);
-                break;
-            case op::line:
-                append_key_name(s);
-                break;
-            case op::score:
-            case op::grant:
-            case op::consume:
-                // Player streams: a score's row is its match, but its stream is its player.
-                append_player(s.row);
-                break;
-        }
-        text_.push_back('"');
-    }
-
-    void append_number_field(const char* name, std::int64_t v, const line_spec& s) {
-        text_.append(",\"").append(name).append("\":");
-        if (has_flaw(s, defect::undecodable)) {
-            text_.append("\"x\"");
-        } else {
-            append_int(text_, v);
-        }
-    }
-
-    void append_data(const line_spec& s) {
-        text_.append(",\"data\":{");
-        switch (s.what) {
-            case op::fill: {
-                text_.append("\"account\":\"");
-                append_key_name(s);
-                text_.append("\",\"instrument\":\"");
-                append_instrument(s);
-                text_.push_back('"');
-                const bool rejected = has_flaw(s, defect::rejected);
-                const bool bad_side = rejected && s.event % 2 == 1;
-                append_attribute("side", bad_side ? "hold" : s.amount > 0 ? "buy" : "sell");
-                // A rejected fill with a good side has a quantity of 0.
-                append_number_field("qty", rejected && !bad_side ? 0 : (s.amount > 0 ? s.amount : -s.amount), s);
-                text_.append(",\"price\":");
-                append_int(text_, s.price);
-                text_.append(",\"exec_id\":\"");
-                text_.append(exec_prefixes[(s.row % instruments_) % venues.size()]);
-                append_uint(text_, s.exec);
-                text_.push_back('"');
-                break;
-            }
-            case op::line:
-                text_.append("\"order_id\":\"");
-                append_key_name(s);
-                text_.push_back('"');
-                append_number_field("amount", s.amount, s);
-                break;
-            case op::score:
-                text_.append("\"match\":\"");
-                append_key_name(s);
-                text_.append("\",\"player\":\"");
-                append_player(s.row);
-                text_.push_back('"');
-                append_number_field("points", s.amount, s);
-                break;
-            case op::grant:
-            case op::consume:
-                text_.append("\"player\":\"");
-                append_key_name(s);
-                text_.append("\",\"item\":\"");
-                text_.append(catalog[s.item]);
-                text_.push_back('"');
-                append_number_field("count", s.amount, s);
-                break;
-        }
-        if (has_flaw(s, defect::oversized)) {
-            text_.append(",\"note\":\"");
-            text_.append((std::size_t{1} << 20) + 1, 'x');
-            text_.push_back('"');
-        }
-        text_.push_back('}');
-    }
-
-    std::string_view source_of(const line_spec& s) {
-        switch (s.what) {
-            case op::fill:
-                scratch_.assign(s.reissued ? "/dropcopy/" : "/venue/");
-                scratch_.append(venues[(s.row % instruments_) % venues.size()]);
-                return scratch_;
-            case op::line:
-                return shops[s.row % shops.size()];
-            case op::score:
-                return s.reissued ? "/match-server/replay" : match_servers[(s.row % matches_) % 2];
-            case op::grant:
-            case op::consume:
-                return "/inventory";
-        }
-        return "/";
-    }
-
-    std::string_view type_of(const line_spec& s) const {
-        if (has_flaw(s, defect::unknown_type)) {
-            switch (domain_) {
-                case domain_kind::trading:
-                    return "order.cancelled";
-                case domain_kind::orders:
-                    return "order.shipped";
-                case domain_kind::game:
-                    return "player.joined";
-            }
-        }
-        switch (s.what) {
-            case op::fill:
-                return fill::event_type;
-            case op::line:
-                return line_added::event_type;
-            case op::score:
-                return scored::event_type;
-            case op::grant:
-                return item_granted::event_type;
-            case op::consume:
-                return item_consumed::event_type;
-        }
-        return "";
-    }
-
-    std::string_view id_prefix(const line_spec& s) const {
-        switch (s.what) {
-            case op::fill:
-                return s.reissued ? "dc-" : "fill-";
-            case op::line:
-                return "line-";
-            default:
-                return "ev-";
-        }
-    }
 
     void render(const line_spec& s) {
         text_.clear();
+        line_text t{text_, o_.key_prefix};
         text_.append("{\"specversion\":\"1.0\"");
         if (has_flaw(s, defect::wrong_field_type)) {
             text_.append(",\"id\":");
             append_uint(text_, s.event);
         } else if (!has_flaw(s, defect::missing_id)) {
             // The seed is part of the id: two runs with different seeds are two sources whose events differ.
-            text_.append(",\"id\":\"").append(id_prefix(s));
+            text_.append(",\"id\":\"").append(domain_->id_prefix(s));
             append_uint(text_, o_.seed);
             text_.push_back('-');
             append_uint(text_, s.event);
@@ -906,12 +481,14 @@ private:
         }
         if (has_flaw(s, defect::invalid_json)) {
             text_.append(",source:");
-            append_string(source_of(s));
+            append_string(domain_->source(s, scratch_));
         } else if (!has_flaw(s, defect::missing_source)) {
-            append_attribute("source", source_of(s));
+            t.attribute("source", domain_->source(s, scratch_));
         }
-        if (!has_flaw(s, defect::missing_type)) append_attribute("type", type_of(s));
-        append_subject(s);
+        if (!has_flaw(s, defect::missing_type)) t.attribute("type", domain_->type(s));
+        text_.append(",\"subject\":\"");
+        domain_->append_subject(t, s);
+        text_.push_back('"');
         if (s.seq != 0) {
             text_.append(",\"sequence\":\"");
             append_uint(text_, s.seq);
@@ -928,7 +505,14 @@ private:
             text_.push_back('"');
         }
         text_.append(",\"datacontenttype\":\"application/json\"");
-        append_data(s);
+        text_.append(",\"data\":{");
+        domain_->append_data(t, s);
+        if (has_flaw(s, defect::oversized)) {
+            text_.append(",\"note\":\"");
+            text_.append((std::size_t{1} << 20) + 1, 'x');
+            text_.push_back('"');
+        }
+        text_.push_back('}');
         text_.push_back('}');
         if (has_flaw(s, defect::truncated)) text_.resize(text_.size() * 3 / 5);
     }
@@ -936,23 +520,18 @@ private:
     const gen_options& o_;
     const std::function<void(std::string_view)>& sink_;
     random_bits rng_;
+    std::unique_ptr<domain_gen> domain_;
     store_model model_;
-    domain_kind domain_ = domain_kind::trading;
     std::size_t streams_ = 1;
-    std::size_t matches_ = 1;
-    std::size_t instruments_ = 1;
     std::vector<defect> kinds_;
     std::size_t defect_turn_ = 0;
-    std::vector<std::int64_t> base_price_;
     std::vector<std::uint64_t> next_seq_;
-    std::vector<item_counts> gen_held_;  // what each player holds in stream order, to consume only that
     std::map<std::uint32_t, std::vector<held_event>> held_;
     std::vector<line_spec> ready_;
     std::priority_queue<pending_copy, std::vector<pending_copy>, later> pending_;
     std::uint64_t scheduled_ = 0;
     std::uint64_t next_event_ = 1;
     std::uint64_t next_msgid_ = 1;
-    std::uint64_t next_exec_ = 1;
     std::uint64_t clock_ = 0;
     std::uint64_t lines_ = 0;
     std::string text_;

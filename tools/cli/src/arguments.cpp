@@ -1,5 +1,7 @@
 #include <idem/cli/tool.hpp>
 
+#include "command_line.hpp"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,42 +13,16 @@
 
 namespace idem::cli {
 
-arguments::arguments(std::string command, const std::vector<option>& known, const std::vector<std::string>& argv)
-    : command_(std::move(command)) {
-    for (std::size_t i = 0; i < argv.size(); ++i) {
-        std::string_view arg = argv[i];
-        if (arg.size() < 3 || arg.substr(0, 2) != "--") {
-            throw usage_error("unexpected argument '" + std::string(arg) + "' (options start with --)");
-        }
-        arg.remove_prefix(2);
-        std::optional<std::string> inline_value;
-        if (auto eq = arg.find('='); eq != std::string_view::npos) {
-            inline_value = std::string(arg.substr(eq + 1));
-            arg = arg.substr(0, eq);
-        }
-        auto spec = std::find_if(known.begin(), known.end(), [&](const option& o) { return o.name == arg; });
-        if (spec == known.end()) throw usage_error("unknown option '--" + std::string(arg) + "'");
-        if (!spec->repeated && values_.count(arg) != 0) {
-            throw usage_error("option '--" + std::string(arg) + "' given twice");
-        }
-        if (spec->value.empty()) {
-            if (inline_value) throw usage_error("option '--" + std::string(arg) + "' takes no value");
-            values_.emplace(std::string(arg), "");
-            continue;
-        }
-        if (!inline_value) {
-            if (i + 1 >= argv.size()) {
-                throw usage_error("option '--" + std::string(arg) + "' needs a value (" + spec->value + ")");
-            }
-            inline_value = argv[++i];
-        }
-        values_.emplace(std::string(arg), std::move(*inline_value));
-    }
-    for (const auto& o : known) {
-        if (o.required && values_.count(o.name) == 0) {
-            throw usage_error("missing option '--" + o.name + " " + o.value + "'");
-        }
-    }
+arguments::arguments(std::string command, std::multimap<std::string, std::string, std::less<>> values)
+    : command_(std::move(command)), values_(std::move(values)) {}
+
+arguments::arguments(std::string command, const std::vector<option>& known, const std::vector<std::string>& argv) {
+    const std::vector<cli::command> one{{command, "", known, {}}};
+    std::vector<std::string> words{command};
+    words.insert(words.end(), argv.begin(), argv.end());
+    auto parsed = detail::command_line{command, one}.parse(words);
+    if (!parsed.error.empty()) throw usage_error(parsed.error);
+    *this = std::move(parsed.args);
 }
 
 std::optional<std::string> arguments::get(std::string_view name) const {

@@ -1,12 +1,11 @@
 #pragma once
 
-// Commands of the tool kept in their own files: `why`, and the operator commands over dead
-// letters and parked streams (`parked`, `release`, `redrive`, `audit`). tool.cpp passes them
-// what they need of the tool.
+// The tool's built-in commands, one file per command or small group. Each factory returns
+// the command(s) with their options; the body asks the context function for what it needs
+// of the tool when it runs (the tool's consumer may be set after the commands are made).
 
 #include <idem/cli/tool.hpp>
 #include <idem/projections/store.hpp>
-#include <idem/storage/writer_lock.hpp>
 
 #include <filesystem>
 #include <functional>
@@ -23,19 +22,33 @@ struct tool_context {
     std::vector<std::shared_ptr<const projection_base>> projections;
     std::function<store_options(const std::filesystem::path&)> store_for;  ///< a store's options at db
     std::function<void(store&)> setup;                                      ///< adds the projections
-    std::function<lock_wait(const arguments&, const std::filesystem::path&)> writer_wait;
+
+    /// Returns the projection called n; throws usage_error listing the tool's projections.
+    const projection_base& projection_named(const std::string& n) const;
+    /// Returns the names of the tool's projections, in the order they were added.
+    std::vector<std::string> projection_names() const;
 };
 
-/// `why`: prints explain() as JSON on stdout and its detail on stderr; returns the exit status.
-int why(const tool_context& t, const arguments& a);
+using context_fn = std::function<tool_context()>;
 
-/// `parked`, `release`, `redrive` and `audit`.
-std::vector<command> operator_commands(std::function<tool_context()> context);
+/// `rebuild` and `consume` (rebuild_consume.cpp).
+std::vector<command> log_run_commands(context_fn t);
+/// `get`, `dump` and `stats` (read_commands.cpp).
+std::vector<command> read_commands(context_fn t);
+/// `deadletters` (deadletters.cpp).
+command deadletters_command(context_fn t);
+/// `verify` (verify.cpp).
+command verify_command(context_fn t);
+/// `prune` (prune.cpp).
+command prune_command(context_fn t);
+/// `why` (why.cpp).
+command why_command(context_fn t);
+/// `convert` (convert.cpp).
+command convert_command();
+/// `parked`, `release`, `redrive` and `audit` (operator_commands.cpp).
+std::vector<command> operator_commands(context_fn t);
 
-/// Throws the ENOENT system_error every read command gives for a directory without a store.
-void require_store(const std::filesystem::path& db);
-
-/// Returns ns since the epoch as RFC 3339 UTC ("-" for 0).
-std::string utc_text(std::uint64_t ns);
+/// Writes json to standard output.
+void print(std::string_view json);
 
 }  // namespace idem::cli::detail

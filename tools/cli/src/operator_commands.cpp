@@ -4,6 +4,10 @@
 // its one writer, like consume.
 
 #include "commands.hpp"
+#include "interrupt.hpp"
+#include "json_writer.hpp"
+#include "options.hpp"
+#include "text.hpp"
 
 #include <idem/storage/envelope.hpp>
 
@@ -13,31 +17,18 @@ namespace idem::cli::detail {
 
 namespace {
 
-const option db_option{"db", "DIR", "the LMDB environment directory", true, false};
-const option wait_option{"wait", "",
-                         "if another process writes the store, wait until it is done (Ctrl-C gives up) instead "
-                         "of refusing at once"};
 const option note_option{"reason", "TEXT", "why: kept with the action in the store's audit"};
 
-void print(const std::string& json) {
-    output out;
-    out.write(json);
-    out.flush();
+void write_numbers(json_writer& w, const std::vector<std::uint64_t>& v) {
+    w.begin_array();
+    for (auto n : v) w.value(n);
+    w.end_array();
 }
 
-std::string u64s(const std::vector<std::uint64_t>& v) {
-    std::string out = "[";
-    for (std::size_t i = 0; i < v.size(); ++i) out += (i == 0 ? "" : ",") + std::to_string(v[i]);
-    return out + "]";
-}
-
-std::string ranges_json(const std::vector<sequence_range>& v) {
-    std::string out = "[";
-    for (std::size_t i = 0; i < v.size(); ++i) {
-        out += (i == 0 ? "" : ",") + std::string("{\"from\":") + std::to_string(v[i].from) +
-               ",\"to\":" + std::to_string(v[i].to) + "}";
-    }
-    return out + "]";
+void write_ranges(json_writer& w, const std::vector<sequence_range>& v) {
+    w.begin_array();
+    for (const auto& r : v) w.begin_object().field("from", r.from).field("to", r.to).end_object();
+    w.end_array();
 }
 
 std::string ranges_text(const std::vector<sequence_range>& v) {
@@ -53,21 +44,10 @@ std::string ranges_text(const std::vector<sequence_range>& v) {
 std::unique_ptr<store> open_writer(const tool_context& t, const arguments& a, const std::filesystem::path& db) {
     require_store(db);
     auto o = t.store_for(db);
-    o.wait_for_writer = t.writer_wait(a, db);
+    o.wait_for_writer = writer_wait(t.name, a, db);
     auto s = std::make_unique<store>(o);
     t.setup(*s);
     return s;
-}
-
-reason reason_option(const arguments& a, std::string_view name) {
-    auto v = a.get(name);
-    auto r = reason_from_string(*v);
-    if (!r) {
-        std::string known;
-        for (auto k : dead_letter_reasons()) known += (known.empty() ? "" : ", ") + std::string(to_string(k));
-        throw usage_error("option '--" + std::string(name) + "': '" + *v + "' is not a reason (" + known + ")");
-    }
-    return *r;
 }
 
 int parked(const tool_context& t, const arguments& a) {
@@ -78,16 +58,15 @@ int parked(const tool_context& t, const arguments& a) {
     std::size_t events = 0;
     const auto streams = snap.parked_streams(t.consumer);
     for (const auto& s : streams) {
-        out += "{\"stream\":";
-        append_json_string(out, s.subject);
-        out += ",\"highest_applied\":" + std::to_string(s.highest);
-        out += ",\"waiting_for\":" + std::to_string(s.highest + 1);
-        out += ",\"missing\":" + ranges_json(s.missing);
-        out += ",\"parked\":" + std::to_string(s.sequences.size());
-        out += ",\"sequences\":" + u64s(s.sequences);
-        out += ",\"oldest_parked_ns\":" + std::to_string(s.oldest_ns) + ",\"oldest_parked\":";
-        append_json_string(out, utc_text(s.oldest_ns));
-        out += "}\n";
+        json_writer w{out};
+        w.begin_object().field("stream", s.subject).field("highest_applied", s.highest);
+        w.field("waiting_for", s.highest + 1);
+        write_ranges(w.key("missing"), s.missing);
+        w.field("parked", s.sequences.size());
+        write_numbers(w.key("sequences"), s.sequences);
+        w.field("oldest_parked_ns", s.oldest_ns).field("oldest_parked", utc_text(s.oldest_ns));
+        w.end_object();
+        out += "\n";
         events += s.sequences.size();
     }
     std::fprintf(stderr, "%s parked: %zu streams hold %zu parked events\n", t.name.c_str(), streams.size(), events);
@@ -109,15 +88,15 @@ int release(const tool_context& t, const arguments& a) {
         if (e.code() == errc::invalid_argument) throw usage_error(e.what());
         throw;
     }
-    std::string out = "{\"stream\":";
-    append_json_string(out, r.subject);
-    out += std::string(",\"action\":\"") + (o.drop ? "drop" : "release") + "\"";
-    out += ",\"highest_before\":" + std::to_string(r.highest_before);
-    out += ",\"highest_after\":" + std::to_string(r.highest_after);
-    out += ",\"skipped\":" + ranges_json(r.skipped);
-    out += ",\"released\":" + u64s(r.released);
-    out += ",\"dropped\":" + u64s(r.dropped);
-    out += ",\"commit\":" + std::to_string(r.commit) + "}\n";
+    std::string out;
+    json_writer w{out};
+    w.begin_object().field("stream", r.subject).field("action", o.drop ? "drop" : "release");
+    w.field("highest_before", r.highest_before).field("highest_after", r.highest_after);
+    write_ranges(w.key("skipped"), r.skipped);
+    write_numbers(w.key("released"), r.released);
+    write_numbers(w.key("dropped"), r.dropped);
+    w.field("commit", r.commit).end_object();
+    out += "\n";
     if (o.drop) {
         std::fprintf(stderr, "%s release: dropped %zu parked events of '%s' to dead letters (released_dropped); "
                              "stream at %llu\n",
@@ -136,14 +115,9 @@ int redrive(const tool_context& t, const arguments& a) {
     std::filesystem::path db = a.required("db");
     redrive_options o;
     if (a.get("reason")) o.why = reason_option(a, "reason");
-    if (auto e = a.get("event")) {
-        auto slash = e->rfind('/');
-        if (slash == std::string::npos || slash == 0 || slash + 1 == e->size()) {
-            throw usage_error("option '--event': '" + *e + "' is not SOURCE/ID");
-        }
+    if (a.get("event")) {
         envelope ev;
-        ev.source = e->substr(0, slash);
-        ev.id = e->substr(slash + 1);
+        std::tie(ev.source, ev.id) = event_option(a, "event");
         o.event_id = ev.event_id();
     }
     if (a.get("position")) o.position = a.positive("position", 0);
@@ -156,19 +130,13 @@ int redrive(const tool_context& t, const arguments& a) {
     auto r = s->redrive(o);
     std::string out;
     for (const auto& i : r.items) {
-        out += "{\"position\":" + std::to_string(i.position) + ",\"was\":";
-        append_json_string(out, to_string(i.was));
-        out += ",\"message_id\":";
-        append_json_string(out, split_message_id(i.message_id).second);
-        out += ",\"outcome\":";
-        append_json_string(out, i.refused ? std::string_view("refused") : to_string(i.result.kind));
-        if (i.result.why != reason::none && !i.refused) {
-            out += ",\"reason\":";
-            append_json_string(out, to_string(i.result.why));
-        }
-        out += ",\"detail\":";
-        append_json_string(out, i.result.detail);
-        out += "}\n";
+        json_writer w{out};
+        w.begin_object().field("position", i.position).field("was", to_string(i.was));
+        w.field("message_id", split_message_id(i.message_id).second);
+        w.field("outcome", i.refused ? std::string_view("refused") : to_string(i.result.kind));
+        if (i.result.why != reason::none && !i.refused) w.field("reason", to_string(i.result.why));
+        w.field("detail", i.result.detail).end_object();
+        out += "\n";
     }
     std::fprintf(stderr,
                  "%s redrive: applied %zu, already held %zu, dead-lettered again %zu, refused %zu (left as they were)%s\n",
@@ -184,19 +152,13 @@ int audit(const tool_context& t, const arguments& a) {
     auto snap = snapshot::open(db);
     std::string out;
     for (const auto& x : snap.operator_actions(t.consumer)) {
-        out += "{\"position\":" + std::to_string(x.position) + ",\"time_ns\":" + std::to_string(x.time_ns) + ",\"time\":";
-        append_json_string(out, utc_text(x.time_ns));
-        out += ",\"commit\":" + std::to_string(x.commit) + ",\"action\":";
-        append_json_string(out, x.action);
-        out += ",\"stream\":";
-        append_json_string(out, x.stream);
-        out += ",\"skipped\":" + ranges_json(x.skipped);
-        out += x.action == "redrive" ? ",\"dead_letters\":" : ",\"sequences\":";
-        out += u64s(x.sequences) + ",\"reason\":";
-        append_json_string(out, x.note);
-        out += ",\"summary\":";
-        append_json_string(out, x.summary);
-        out += "}\n";
+        json_writer w{out};
+        w.begin_object().field("position", x.position).field("time_ns", x.time_ns).field("time", utc_text(x.time_ns));
+        w.field("commit", x.commit).field("action", x.action).field("stream", x.stream);
+        write_ranges(w.key("skipped"), x.skipped);
+        write_numbers(w.key(x.action == "redrive" ? "dead_letters" : "sequences"), x.sequences);
+        w.field("reason", x.note).field("summary", x.summary).end_object();
+        out += "\n";
     }
     print(out);
     return 0;
@@ -204,7 +166,7 @@ int audit(const tool_context& t, const arguments& a) {
 
 }  // namespace
 
-std::vector<command> operator_commands(std::function<tool_context()> t) {
+std::vector<command> operator_commands(context_fn t) {
     std::vector<command> out;
     out.push_back(command{
         "parked",

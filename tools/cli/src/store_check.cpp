@@ -1,5 +1,8 @@
 #include "store_check.hpp"
 
+#include "commands.hpp"
+#include "json_writer.hpp"
+
 #include <idem/cli/tool.hpp>
 #include <idem/projections/store.hpp>
 #include <idem/storage/envelope.hpp>
@@ -95,43 +98,37 @@ int verify_store(const std::string& tool, const std::filesystem::path& db, const
     if (r.sound()) records = read_records(r, db, consumer, projections);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
 
-    std::string out = "{\"store\":";
-    out += r.sound() ? "\"ok\"" : "\"damaged\"";
-    out += ",\"db\":";
-    append_json_string(out, db.string());
-    out += ",\"page_size\":" + std::to_string(r.page_size) + ",\"pages\":" + std::to_string(r.pages) +
-           ",\"file_pages\":" + std::to_string(r.file_pages) + ",\"free_pages\":" + std::to_string(r.free_pages) +
-           ",\"transaction\":" + std::to_string(r.transaction);
     char secs[32];
     std::snprintf(secs, sizeof secs, "%.3f", seconds);
-    out += ",\"seconds\":" + std::string(secs) + ",\"tables\":[";
-    for (std::size_t i = 0; i < r.tables.size(); ++i) {
-        const auto& t = r.tables[i];
-        out += i == 0 ? "{\"name\":" : ",{\"name\":";
-        append_json_string(out, t.name);
-        out += ",\"entries\":" + std::to_string(t.entries) + ",\"depth\":" + std::to_string(t.depth) +
-               ",\"branch_pages\":" + std::to_string(t.branch_pages) + ",\"leaf_pages\":" +
-               std::to_string(t.leaf_pages) + ",\"overflow_pages\":" + std::to_string(t.overflow_pages) + "}";
+    std::string out;
+    json_writer w{out};
+    w.begin_object().field("store", r.sound() ? "ok" : "damaged").field("db", db.string());
+    w.field("page_size", r.page_size).field("pages", r.pages).field("file_pages", r.file_pages);
+    w.field("free_pages", r.free_pages).field("transaction", r.transaction);
+    w.key("seconds").raw(secs);
+    w.key("tables").begin_array();
+    for (const auto& t : r.tables) {
+        w.begin_object().field("name", t.name).field("entries", t.entries).field("depth", t.depth);
+        w.field("branch_pages", t.branch_pages).field("leaf_pages", t.leaf_pages);
+        w.field("overflow_pages", t.overflow_pages).end_object();
     }
-    out += "],\"records\":{\"checked\":";
-    out += records.checked ? "true" : "false";
-    out += ",\"rows\":" + std::to_string(records.rows) + ",\"dead_letters\":" + std::to_string(records.dead_letters) +
-           ",\"checkpoints\":" + std::to_string(records.checkpoints) + "}";
-    out += ",\"problem_count\":" + std::to_string(r.problem_count) + ",\"problems\":[";
-    for (std::size_t i = 0; i < r.problems.size(); ++i) {
-        const auto& p = r.problems[i];
-        out += i == 0 ? "{\"page\":" : ",{\"page\":";
-        out += p.page ? std::to_string(*p.page) : "null";
-        out += ",\"table\":";
-        append_json_string(out, p.table);
-        out += ",\"what\":";
-        append_json_string(out, p.what);
-        out += "}";
+    w.end_array();
+    w.key("records").begin_object().field("checked", records.checked).field("rows", records.rows);
+    w.field("dead_letters", records.dead_letters).field("checkpoints", records.checkpoints).end_object();
+    w.field("problem_count", r.problem_count);
+    w.key("problems").begin_array();
+    for (const auto& p : r.problems) {
+        w.begin_object().key("page");
+        if (p.page) {
+            w.value(*p.page);
+        } else {
+            w.null();
+        }
+        w.field("table", p.table).field("what", p.what).end_object();
     }
-    out += "]}\n";
-    output o;
-    o.write(out);
-    o.flush();
+    w.end_array().end_object();
+    out += "\n";
+    print(out);
 
     if (r.sound()) {
         std::fprintf(stderr, "%s verify: %s: the store is sound (%llu pages, %zu tables; %llu rows and %llu dead letters decoded) in %s s\n",

@@ -1,40 +1,63 @@
+// `why` explains what became of one event (explain() in projections/): its JSON on stdout,
+// the sentence on stderr.
+
 #include "commands.hpp"
+#include "json_writer.hpp"
+#include "options.hpp"
 
 #include <idem/projections/explain.hpp>
 #include <idem/storage/envelope.hpp>
 
 #include <cstdio>
-#include <ctime>
 
 namespace idem::cli::detail {
 
-void require_store(const std::filesystem::path& db) {
-    if (!std::filesystem::exists(db / "data.mdb")) {
-        throw std::system_error(ENOENT, std::system_category(), db.string() + ": no idem environment here");
-    }
-}
+namespace {
 
-std::string utc_text(std::uint64_t ns) {
-    if (ns == 0) return "-";
-    auto t = static_cast<std::time_t>(ns / 1'000'000'000);
-    std::tm tm{};
-    ::gmtime_r(&t, &tm);
-    char buf[64];
-    std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-    return buf;
+std::string explanation_json(const explanation& x, bool with_rows) {
+    std::string out;
+    json_writer w{out};
+    w.begin_object().field("answer", x.answer);
+    if (x.first) w.field("commit", x.first->commit).field("first_seen_ns", x.first->stamp);
+    if (!x.message_id.empty()) {
+        const auto [transport, id] = split_message_id(x.message_id);
+        w.field(x.message_id.starts_with('e') ? "event_message_id" : "message_id", id);
+        if (!transport.empty()) w.field("transport", transport);
+    }
+    if (x.parked) {
+        w.key("parked").begin_object().field("subject", x.parked->subject);
+        w.field("sequence", x.parked->sequence).field("waiting_for", x.parked->waiting_for).end_object();
+    }
+    if (x.dead) {
+        w.key("dead_letter").begin_object().field("position", x.dead->position);
+        w.field("reason", to_string(x.dead->why)).end_object();
+    }
+    w.field("detail", x.detail);
+    if (with_rows) {
+        w.key("rows").begin_array();
+        for (const auto& r : x.rows) {
+            w.begin_object().field("projection", r.projection).field("key", r.key).field("effect_key", r.effect_key);
+            w.key("holds_effect");
+            if (r.holds) {
+                w.value(*r.holds);
+            } else {
+                w.null();
+            }
+            w.field("note", r.note).end_object();
+        }
+        w.end_array();
+    }
+    w.end_object();
+    out += "\n";
+    return out;
 }
 
 int why(const tool_context& t, const arguments& a) {
     std::filesystem::path db = a.required("db");
     require_store(db);
     why_query q;
-    if (auto ev_text = a.get("event")) {
-        auto slash = ev_text->rfind('/');
-        if (slash == std::string::npos || slash == 0 || slash + 1 == ev_text->size()) {
-            throw usage_error("option '--event': '" + *ev_text + "' is not SOURCE/ID");
-        }
-        q.source = ev_text->substr(0, slash);
-        q.id = ev_text->substr(slash + 1);
+    if (a.get("event")) {
+        std::tie(q.source, q.id) = event_option(a, "event");
     } else if (auto m = a.get("message")) {
         q.message = *m;
         q.transport = a.get("transport").value_or("");
@@ -51,70 +74,28 @@ int why(const tool_context& t, const arguments& a) {
                 q.projections.push_back(p.get());
             }
         }
-        if (auto only = a.get("projection"); only && q.projections.empty()) {
-            std::string known;
-            for (const auto& p : t.projections) known += (known.empty() ? "" : ", ") + p->name();
-            throw usage_error("no projection named '" + *only + "' (this tool has: " + known + ")");
-        }
+        if (auto only = a.get("projection"); only && q.projections.empty()) t.projection_named(*only);  // throws
     }
     const auto x = explain(snap, t.consumer, q);
-    std::string out = "{\"answer\":";
-    append_json_string(out, x.answer);
-    if (x.first) {
-        out += ",\"commit\":" + std::to_string(x.first->commit);
-        out += ",\"first_seen_ns\":" + std::to_string(x.first->stamp);
-    }
-    if (!x.message_id.empty()) {
-        out += x.message_id.starts_with('e') ? ",\"event_message_id\":" : ",\"message_id\":";
-        const auto [transport, id] = split_message_id(x.message_id);
-        append_json_string(out, id);
-        if (!transport.empty()) {
-            out += ",\"transport\":";
-            append_json_string(out, transport);
-        }
-    }
-    if (x.parked) {
-        out += ",\"parked\":{\"subject\":";
-        append_json_string(out, x.parked->subject);
-        out += ",\"sequence\":" + std::to_string(x.parked->sequence) +
-               ",\"waiting_for\":" + std::to_string(x.parked->waiting_for) + "}";
-    }
-    if (x.dead) {
-        out += ",\"dead_letter\":{\"position\":" + std::to_string(x.dead->position) + ",\"reason\":";
-        append_json_string(out, to_string(x.dead->why));
-        out += "}";
-    }
-    out += ",\"detail\":";
-    append_json_string(out, x.detail);
-    if (q.key) {
-        out += ",\"rows\":[";
-        for (std::size_t i = 0; i < x.rows.size(); ++i) {
-            const auto& r = x.rows[i];
-            if (i != 0) out.push_back(',');
-            out += "{\"projection\":";
-            append_json_string(out, r.projection);
-            out += ",\"key\":";
-            append_json_string(out, r.key);
-            out += ",\"effect_key\":";
-            if (r.effect_key) {
-                append_json_string(out, *r.effect_key);
-            } else {
-                out += "null";
-            }
-            out += ",\"holds_effect\":";
-            out += r.holds ? (*r.holds ? "true" : "false") : "null";
-            out += ",\"note\":";
-            append_json_string(out, r.note);
-            out += "}";
-        }
-        out += "]";
-    }
-    out += "}\n";
     std::fprintf(stderr, "%s\n", x.detail.c_str());
-    output w;
-    w.write(out);
-    w.flush();
+    print(explanation_json(x, q.key.has_value()));
     return 0;
+}
+
+}  // namespace
+
+command why_command(context_fn t) {
+    return command{
+        "why",
+        "explain what became of an event: applied, duplicate, parked, dead-lettered, late, or never seen",
+        {db_option,
+         {"event", "SOURCE/ID", "the event: its source and id (split at the last '/')"},
+         {"message", "ID", "or the transport message id it was delivered under"},
+         {"transport", "NAME",
+          "the transport of --message (a log's file name without rotation suffixes; default: any that holds it)"},
+         {"key", "KEY", "also say whether this row holds the event's effect (its effect key per projection)"},
+         {"projection", "NAME", "the projection of --key (default: every projection with that row)"}},
+        [t](const arguments& a) { return why(t(), a); }};
 }
 
 }  // namespace idem::cli::detail

@@ -49,6 +49,10 @@ struct option {
 /// The options given to a command, checked against its option list.
 class arguments {
 public:
+    arguments() = default;
+    /// Holds values already checked: option name (without dashes) -> value ("" for a flag).
+    arguments(std::string command, std::multimap<std::string, std::string, std::less<>> values);
+    /// Parses argv (the words after the command) against known; throws usage_error naming the option.
     arguments(std::string command, const std::vector<option>& known, const std::vector<std::string>& argv);
 
     /// Returns the option's value, or nullopt if not given.

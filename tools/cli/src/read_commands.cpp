@@ -1,0 +1,147 @@
+// The read commands: `get` and `dump` print rows as JSON, `stats` the consumer's counters,
+// checkpoints and their lag. They read one snapshot and never take the writer lock.
+
+#include "commands.hpp"
+#include "json_writer.hpp"
+#include "log_run.hpp"
+#include "options.hpp"
+#include "text.hpp"
+
+#include <idem/storage/event_log.hpp>
+
+#include <cstdio>
+
+namespace idem::cli::detail {
+
+namespace {
+
+/// Writes {"key","version","state"} and a newline.
+void row_json(std::string& out, const projection_base& p, const snapshot::raw_row_view& r) {
+    json_writer w{out};
+    w.begin_object().field("key", r.key).field("version", r.version);
+    p.write_json(*p.load(r.state, r.state_version), w.key("state").raw_value());
+    w.end_object();
+    out += "\n";
+}
+
+int get(const tool_context& t, const arguments& a) {
+    const auto& p = t.projection_named(a.required("projection"));
+    std::filesystem::path db = a.required("db");
+    require_store(db);
+    auto snap = snapshot::open(db);
+    auto r = snap.raw_row(p.name(), a.required("key"));
+    if (!r) {
+        std::fprintf(stderr, "%s get: projection '%s' has no row '%s'\n", t.name.c_str(), p.name().c_str(),
+                     a.required("key").c_str());
+        return 1;
+    }
+    std::string line;
+    row_json(line, p, *r);
+    print(line);
+    return 0;
+}
+
+int dump(const tool_context& t, const arguments& a) {
+    const auto& p = t.projection_named(a.required("projection"));
+    std::filesystem::path db = a.required("db");
+    require_store(db);
+    auto snap = snapshot::open(db);
+    output out;
+    std::string line;
+    snap.scan_raw(p.name(), [&](const snapshot::raw_row_view& r) {
+        line.clear();
+        row_json(line, p, r);
+        out.write(line);
+    });
+    out.flush();
+    return 0;
+}
+
+/// Writes a log checkpoint's "state" (ok, rotated, truncated, replaced, missing) and "lag_bytes".
+void write_log_lag(json_writer& w, const std::filesystem::path& log, const std::optional<std::string>& value) {
+    if (!value) return;
+    try {
+        auto check = check_log_position(log, decode_log_position(*value));
+        w.field("state", to_string(check.state));
+        if (check.state != log_state::missing) w.field("lag_bytes", check.lag_bytes);
+        if (check.old_file) w.field("rotated_to", check.old_file->string());
+        if (!check.detail.empty()) w.field("detail", check.detail);
+    } catch (const std::exception& e) {
+        w.field("state", "unreadable").field("detail", e.what());
+    }
+}
+
+int stats(const tool_context& t, const arguments& a) {
+    std::filesystem::path db = a.required("db");
+    require_store(db);
+    auto snap = snapshot::open(db);
+    std::string out;
+    json_writer w{out};
+    w.begin_object().field("consumer", t.consumer).field("commit", snap.commit());
+    auto s = snap.stats(t.consumer);
+    write_outcomes(w.key("outcomes"), s);
+    w.field("batches", s.batches);
+    w.field("inbox_size", snap.inbox_size(t.consumer));
+    w.field("parked", snap.parked(t.consumer));
+    w.field("dead_letters", snap.dead_letter_count(t.consumer));
+    auto r = snap.retention(t.consumer);
+    w.key("retention").begin_object();
+    w.field("event_time_ns", r.event_time);
+    w.field("event_time", utc_text(r.event_time));
+    w.field("oldest_id_ns", r.oldest.value_or(0));
+    // Ages are measured on the consumer's event time (the clock the command line stamps ids by).
+    w.field("oldest_id_age_s", r.oldest && r.event_time > *r.oldest ? (r.event_time - *r.oldest) / 1'000'000'000 : 0);
+    w.field("inbox_floor_ns", r.inbox_floor);
+    w.field("late_events", s.late_events);
+    w.field("id_conflicts", s.id_conflicts);
+    w.field("transport_collisions", s.transport_collisions);
+    w.field("future_events", s.future_events);
+    w.field("pruned_ids", s.pruned_ids);
+    w.field("pruned_contributors", s.pruned_contributors);
+    w.key("contributors").begin_object();
+    for (const auto& p : t.projections) w.field(p->name(), snap.contributor_entries(p->name()));
+    w.end_object().end_object();
+    w.key("checkpoints").begin_array();
+    for (const auto& [source, position] : snap.checkpoints(t.consumer)) {
+        w.begin_object().field("source", source).field("position", position);
+        if (source.starts_with("log:")) {
+            write_log_lag(w, source.substr(4), snap.checkpoint_value(t.consumer, source));
+        }
+        w.end_object();
+    }
+    w.end_array();
+    w.key("projections").begin_object();
+    for (const auto& p : t.projections) {
+        std::uint64_t rows = 0;
+        snap.scan_raw(p->name(), [&](const snapshot::raw_row_view&) { ++rows; });
+        w.field(p->name(), rows);
+    }
+    w.end_object().end_object();
+    out += "\n";
+    print(out);
+    return 0;
+}
+
+}  // namespace
+
+std::vector<command> read_commands(context_fn t) {
+    std::vector<command> out;
+    out.push_back(command{
+        "get",
+        "print one row as JSON: {\"key\",\"version\",\"state\"}",
+        {db_option, {"projection", "NAME", "the projection", true}, {"key", "KEY", "the row's aggregate key", true}},
+        [t](const arguments& a) { return get(t(), a); }});
+    out.push_back(command{
+        "dump",
+        "print every row of a projection as JSON Lines sorted by key: {\"key\",\"version\",\"state\"}",
+        {db_option, {"projection", "NAME", "the projection", true}},
+        [t](const arguments& a) { return dump(t(), a); }});
+    out.push_back(command{
+        "stats",
+        "print the consumer's counters as JSON: outcomes, inbox size, dead letters, checkpoints and lag, rows",
+        {db_option},
+        [t](const arguments& a) { return stats(t(), a); }});
+    return out;
+}
+
+}  // namespace idem::cli::detail

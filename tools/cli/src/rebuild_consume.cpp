@@ -1,0 +1,68 @@
+// `rebuild` builds the projections from logs aside and swaps them in; `consume` applies logs
+// through the live path, committing each log's offset with every batch.
+
+#include "commands.hpp"
+#include "interrupt.hpp"
+#include "log_run.hpp"
+#include "options.hpp"
+
+namespace idem::cli::detail {
+
+namespace {
+
+int rebuild_logs(const tool_context& t, const arguments& a) {
+    stop_signals signals;
+    rebuild_options o;
+    progress_bar bar{"rebuild"};
+    log_run_from(t, a, a.required("db"), o, bar);
+    const auto mb = a.number("memory", 1024);  // 0: rows are written after every batch
+    if (mb > (std::uint64_t{1} << 40)) throw usage_error("option '--memory': " + std::to_string(mb) + " MB is too large");
+    o.memory_budget = static_cast<std::size_t>(mb) << 20;
+    auto r = rebuild(o);
+    bar.finish();
+    return report_run("rebuilt " + o.store.path.string(), r);
+}
+
+int consume_logs(const tool_context& t, const arguments& a) {
+    consume_options o;
+    progress_bar bar{"consume"};
+    o.batch = 1000;  // the live path commits (and syncs) more often than a rebuild
+    log_run_from(t, a, a.required("db"), o, bar);
+    o.store.sync = durability_from(a);
+    o.store.journal_rows = static_cast<std::size_t>(a.number("journal-rows", 0));
+    o.follow = a.flag("follow");
+    o.restart_changed_logs = a.flag("restart-changed-log");
+    stop_signals signals;
+    auto r = consume(o);
+    bar.finish();
+    return report_run("consumed into " + o.store.path.string(), r);
+}
+
+}  // namespace
+
+std::vector<command> log_run_commands(context_fn t) {
+    std::vector<command> out;
+    out.push_back(command{
+        "rebuild",
+        "build every projection from event logs into a fresh environment, then swap it in atomically",
+        {db_option, log_option, format_option, skip_bad_option, batch_option,
+         {"memory", "MB", "rows are aggregated in memory up to about this much, then written (default 1024)"},
+         wait_option, inbox_retention_option, lateness_option, transport_option, future_skew_option, resend_option},
+        [t](const arguments& a) { return rebuild_logs(t(), a); }});
+    out.push_back(command{
+        "consume",
+        "apply event logs through the live path, resumable: the log offset is committed with each batch",
+        {db_option, log_option, format_option, skip_bad_option, batch_option,
+         {"follow", "", "keep tailing the last log for appended events (stop with Ctrl-C or SIGTERM)"},
+         {"restart-changed-log", "",
+          "read a log truncated or rewritten under its checkpoint again from offset 0 (the inbox drops what was "
+          "applied) instead of stopping with exit 2"},
+         {"durability", "full|periodic|none", "fsync policy (default full: a commit is on disk before the next)"},
+         {"journal-rows", "N",
+          "changed rows are journaled and folded into the row table once N are journaled (default: automatic)"},
+         wait_option, inbox_retention_option, lateness_option, transport_option, future_skew_option, resend_option},
+        [t](const arguments& a) { return consume_logs(t(), a); }});
+    return out;
+}
+
+}  // namespace idem::cli::detail

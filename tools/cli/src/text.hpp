@@ -1,0 +1,23 @@
+#pragma once
+
+// How the commands write numbers and times for people (stderr lines and progress bars).
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+namespace idem::cli::detail {
+
+/// Returns n with thousands separated by commas: 1,234,567.
+std::string with_commas(std::uint64_t n);
+
+/// Returns v with a fixed count of decimals ("%.*f").
+std::string fixed(double v, int decimals);
+
+/// Returns d in seconds.
+double seconds(std::chrono::steady_clock::duration d);
+
+/// Returns ns since the epoch as RFC 3339 UTC ("-" for 0).
+std::string utc_text(std::uint64_t ns);
+
+}  // namespace idem::cli::detail
