@@ -141,8 +141,13 @@ int tool::run(const std::vector<std::string>& args) {
     detail::map_fault_guard fault_guard;  // a fault inside a damaged map is reported, not silent
     if (args.empty()) return s.usage(stderr);
     if (args[0] == "help") return s.usage(stdout);
-    detail::command_line line{s.name, s.commands};
-    auto parsed = line.parse(args);
+    detail::command_line::parsed parsed;
+    try {
+        parsed = detail::command_line{s.name, s.commands}.parse(args);
+    } catch (const std::exception& e) {  // CLI11 refused a command's declaration (an embedder's option name)
+        std::fprintf(stderr, "%s: %s\n", s.name.c_str(), e.what());
+        return 2;
+    }
     if (!parsed.unknown.empty()) {
         std::fprintf(stderr, "%s: unknown command '%s'\n", s.name.c_str(), parsed.unknown.c_str());
         s.usage(stderr);
