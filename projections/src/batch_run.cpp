@@ -554,23 +554,23 @@ void batch_run::write_rows() {
     }
 }
 
-void batch_run::write_dead_letters() {
-    if (dead_letters_.empty()) return;
-    cursor c{txn_, s_.dead};
+namespace {
+
+// Appends records to a table keyed by position (u64 BE, after every existing one) and forgets them.
+void append_at_positions(write_txn& txn, MDB_dbi table, std::vector<std::string>& records) {
+    if (records.empty()) return;
+    cursor c{txn, table};
     auto last = c.last();
     std::uint64_t position = last ? codec::get_u64_be(last->first) + 1 : 1;
-    for (const auto& d : dead_letters_) txn_.put(s_.dead, codec::u64_key(position++), d, MDB_APPEND);
-    dead_letters_.clear();
+    for (const auto& r : records) txn.put(table, codec::u64_key(position++), r, MDB_APPEND);
+    records.clear();
 }
 
-void batch_run::write_collisions() {
-    if (collisions_.empty()) return;
-    cursor c{txn_, s_.collisions};
-    auto last = c.last();
-    std::uint64_t position = last ? codec::get_u64_be(last->first) + 1 : 1;
-    for (const auto& d : collisions_) txn_.put(s_.collisions, codec::u64_key(position++), d, MDB_APPEND);
-    collisions_.clear();
-}
+}  // namespace
+
+void batch_run::write_dead_letters() { append_at_positions(txn_, s_.dead, dead_letters_); }
+
+void batch_run::write_collisions() { append_at_positions(txn_, s_.collisions, collisions_); }
 
 // An operator action's view of a batch run (detail::operator_session).
 class operator_run final : public operator_session {
