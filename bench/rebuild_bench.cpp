@@ -11,6 +11,7 @@
 #include <idem/engine/offline.hpp>
 #include <idem/examples/domains.hpp>
 #include <idem/examples/gen.hpp>
+#include <idem/projections/layout.hpp>
 #include <idem/storage/event_log.hpp>
 #include <idem/storage/lmdb.hpp>
 
@@ -183,7 +184,7 @@ int main(int argc, char** argv) {
         auto j = in_child([&] { return rebuild_once(dir / "db-jsonl", jsonl); });
         jsonl_s.push_back(j.seconds);
         jsonl_rss = std::max(jsonl_rss, j.max_rss_kb);
-        if (rows.empty()) rows = read_table(dir / "db-binary", "proj/positions");
+        if (rows.empty()) rows = read_table(dir / "db-binary", idem::layout::rows_table("positions"));
         auto l = in_child([&] { return bulk_load(dir / "db-bulk", rows); });
         bulk_s.push_back(l.seconds);
         bulk_rss = std::max(bulk_rss, l.max_rss_kb);

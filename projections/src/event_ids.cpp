@@ -1,5 +1,7 @@
 #include "event_ids.hpp"
 
+#include <idem/projections/layout.hpp>
+
 #include <idem/storage/codec.hpp>
 #include <idem/storage/error.hpp>
 
@@ -28,6 +30,8 @@ std::optional<decoded> decode(std::string_view v) {
 
 event_id_log::event_id_log(environment& env, const std::string& consumer, MDB_dbi inbox)
     : table_(env.table(table_name(consumer))), inbox_(inbox) {}
+
+std::string event_id_log::table_name(std::string_view consumer) { return layout::event_ids_table(consumer); }
 
 void event_id_log::stage(std::string_view message_id, std::string_view event_id, std::uint64_t stamp) {
     std::string v;

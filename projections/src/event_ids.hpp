@@ -35,7 +35,7 @@ public:
     void write(write_txn& txn);
 
     /// Returns the table's name for a consumer.
-    static std::string table_name(std::string_view consumer) { return "eventids/" + std::string(consumer); }
+    static std::string table_name(std::string_view consumer);
     /// Returns the message ids an event arrived under, oldest first (walks the table).
     static std::vector<std::string> message_ids(const txn_base& txn, MDB_dbi table, std::string_view event_id);
     /// Returns the event id a message id carried, if recorded (walks the table).

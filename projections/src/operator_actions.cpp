@@ -1,14 +1,12 @@
 // Operator actions on a store: redrive dead letters, release parked streams, and the audit
 // of both ("audit/<consumer>"); with the snapshot reads an operator needs to decide them.
-//
-// An audit record: key = position (u64 BE, from 1), value = [time u64][commit u64]
-// [action][stream][note][summary] (each u32 length + bytes) [u32 n][n x (from u64, to u64)]
-// [u32 m][m x u64], integers little-endian.
+// The audit record's codec is in layout.hpp.
 
 #include <idem/projections/store.hpp>
 
+#include <idem/projections/layout.hpp>
+
 #include "event_ids.hpp"
-#include "inbox_entry.hpp"
 #include "operator_session.hpp"
 
 #include <idem/storage/codec.hpp>
@@ -21,83 +19,7 @@
 
 namespace idem {
 
-std::uint64_t body_digest(std::string_view bytes) noexcept {
-    std::uint64_t h = 0xcbf29ce484222325ULL;
-    for (char ch : bytes) {
-        h ^= static_cast<unsigned char>(ch);
-        h *= 0x100000001b3ULL;
-    }
-    return h;
-}
-
 namespace {
-
-std::string audit_table(std::string_view consumer) { return "audit/" + std::string(consumer); }
-
-void put_str(std::string& out, std::string_view s) {
-    codec::put_u32_le(out, static_cast<std::uint32_t>(s.size()));
-    out.append(s);
-}
-
-std::string_view take_str(std::string_view& in) {
-    if (in.size() < 4) throw_error(errc::corrupt_record, "truncated record");
-    auto n = codec::get_u32_le(in);
-    if (in.size() - 4 < n) throw_error(errc::corrupt_record, "truncated record");
-    auto s = in.substr(4, n);
-    in.remove_prefix(4 + n);
-    return s;
-}
-
-std::uint64_t take_u64(std::string_view& in) {
-    if (in.size() < 8) throw_error(errc::corrupt_record, "truncated record");
-    auto v = codec::get_u64_le(in);
-    in.remove_prefix(8);
-    return v;
-}
-
-std::uint32_t take_u32(std::string_view& in) {
-    if (in.size() < 4) throw_error(errc::corrupt_record, "truncated record");
-    auto v = codec::get_u32_le(in);
-    in.remove_prefix(4);
-    return v;
-}
-
-std::string encode_action(const operator_action& a) {
-    std::string out;
-    codec::put_u64_le(out, a.time_ns);
-    codec::put_u64_le(out, a.commit);
-    put_str(out, a.action);
-    put_str(out, a.stream);
-    put_str(out, a.note);
-    put_str(out, a.summary);
-    codec::put_u32_le(out, static_cast<std::uint32_t>(a.skipped.size()));
-    for (const auto& r : a.skipped) {
-        codec::put_u64_le(out, r.from);
-        codec::put_u64_le(out, r.to);
-    }
-    codec::put_u32_le(out, static_cast<std::uint32_t>(a.sequences.size()));
-    for (auto s : a.sequences) codec::put_u64_le(out, s);
-    return out;
-}
-
-operator_action decode_action(std::uint64_t position, std::string_view v) {
-    operator_action a;
-    a.position = position;
-    a.time_ns = take_u64(v);
-    a.commit = take_u64(v);
-    a.action = take_str(v);
-    a.stream = take_str(v);
-    a.note = take_str(v);
-    a.summary = take_str(v);
-    for (auto n = take_u32(v); n != 0; --n) {
-        sequence_range r;
-        r.from = take_u64(v);
-        r.to = take_u64(v);
-        a.skipped.push_back(r);
-    }
-    for (auto n = take_u32(v); n != 0; --n) a.sequences.push_back(take_u64(v));
-    return a;
-}
 
 void record(detail::operator_session& op, MDB_dbi audit, operator_action a) {
     a.time_ns = op.now();
@@ -105,7 +27,7 @@ void record(detail::operator_session& op, MDB_dbi audit, operator_action a) {
     cursor c{op.txn(), audit};
     auto last = c.last();
     const std::uint64_t position = last ? codec::get_u64_be(last->first) + 1 : 1;
-    c.put(codec::u64_key(position), encode_action(a), MDB_APPEND);
+    c.put(codec::u64_key(position), layout::encode_action(a), MDB_APPEND);
 }
 
 /// A parked entry: its sequence and stored value (message id + envelope).
@@ -150,7 +72,7 @@ release_result store::release(std::string_view subject_view, const release_optio
         throw_error(errc::invalid_argument, "releasing parked events applies them as the park gap policy does; "
                                             "this store was opened with another policy");
     }
-    const auto audit = env()->table(audit_table(this->options().consumer));  // before the write transaction
+    const auto audit = env()->table(layout::audit_table(this->options().consumer));  // before the write transaction
     release_result result;
     operate([&](detail::operator_session& op) {
         result = release_result{};
@@ -167,7 +89,7 @@ release_result store::release(std::string_view subject_view, const release_optio
             a.action = "release_drop";
             for (const auto& e : entries) {
                 std::string_view rest = e.value;
-                const auto message_id = take_str(rest);
+                const auto message_id = layout::take_str(rest);
                 op.unpark(e.key);
                 op.dead_letter(reason::released_dropped,
                                "sequence " + std::to_string(e.sequence) + " of '" + subject +
@@ -211,7 +133,7 @@ release_result store::release(std::string_view subject_view, const release_optio
 }
 
 redrive_result store::redrive(const redrive_options& options) {
-    const auto audit = env()->table(audit_table(this->options().consumer));
+    const auto audit = env()->table(layout::audit_table(this->options().consumer));
     redrive_result result;
     operate([&](detail::operator_session& op) {
         result = redrive_result{};
@@ -232,8 +154,8 @@ redrive_result store::redrive(const redrive_options& options) {
             item.position = position;
             item.was = static_cast<reason>(first & 0x7fu);
             v.remove_prefix(9);
-            item.message_id = take_str(v);
-            take_str(v);  // the detail
+            item.message_id = layout::take_str(v);
+            layout::take_str(v);  // the detail
             const bool truncated = (first & 0x80u) != 0;
             if (options.why && *options.why != item.was) continue;
             envelope ev;
@@ -304,9 +226,9 @@ redrive_result store::redrive(const redrive_options& options) {
 
 std::vector<parked_stream> snapshot::parked_streams(std::string_view consumer) const {
     std::vector<parked_stream> out;
-    auto parked = table("parked/" + std::string(consumer));
+    auto parked = table(layout::parked_table(consumer));
     if (!parked) return out;
-    auto streams = table("streams/" + std::string(consumer));
+    auto streams = table(layout::streams_table(consumer));
     std::map<std::string, std::size_t> at_message;  // parked message id -> index in out
     {
         cursor c{txn_, *parked};
@@ -327,14 +249,14 @@ std::vector<parked_stream> snapshot::parked_streams(std::string_view consumer) c
             if (seq > before + 1) s.missing.push_back({before + 1, seq - 1});
             s.sequences.push_back(seq);
             std::string_view v = e->second;
-            at_message.emplace(std::string(take_str(v)), out.size() - 1);
+            at_message.emplace(std::string(layout::take_str(v)), out.size() - 1);
         }
     }
     // When each was parked: its message id's inbox stamp (one walk of the inbox).
-    if (auto inbox = table("inbox/" + std::string(consumer)); inbox && !at_message.empty()) {
+    if (auto inbox = table(layout::inbox_table(consumer)); inbox && !at_message.empty()) {
         cursor c{txn_, *inbox};
         for (auto e = c.first(); e; e = c.next()) {
-            const auto entry = detail::decode_inbox_entry(e->second);
+            const auto entry = layout::decode_inbox_entry(e->second);
             if (!entry) continue;
             auto it = at_message.find(std::string(entry->message_id));
             if (it == at_message.end()) continue;
@@ -348,9 +270,9 @@ std::vector<parked_stream> snapshot::parked_streams(std::string_view consumer) c
 
 std::vector<snapshot::parked_event> snapshot::parked_events(std::string_view consumer) const {
     std::vector<parked_event> out;
-    auto parked = table("parked/" + std::string(consumer));
+    auto parked = table(layout::parked_table(consumer));
     if (!parked) return out;
-    auto streams = table("streams/" + std::string(consumer));
+    auto streams = table(layout::streams_table(consumer));
     cursor c{txn_, *parked};
     for (auto e = c.first(); e; e = c.next()) {
         auto k = codec::decode_table_key(e->first);
@@ -364,7 +286,7 @@ std::vector<snapshot::parked_event> snapshot::parked_events(std::string_view con
         }
         p.waiting_for = highest + 1;
         std::string_view v = e->second;
-        p.message_id = take_str(v);
+        p.message_id = layout::take_str(v);
         p.body = v;
         out.push_back(std::move(p));
     }
@@ -373,23 +295,23 @@ std::vector<snapshot::parked_event> snapshot::parked_events(std::string_view con
 
 std::vector<operator_action> snapshot::operator_actions(std::string_view consumer) const {
     std::vector<operator_action> out;
-    auto t = table(audit_table(consumer));
+    auto t = table(layout::audit_table(consumer));
     if (!t) return out;
     cursor c{txn_, *t};
-    for (auto e = c.first(); e; e = c.next()) out.push_back(decode_action(codec::get_u64_be(e->first), e->second));
+    for (auto e = c.first(); e; e = c.next()) out.push_back(layout::decode_action(codec::get_u64_be(e->first), e->second));
     return out;
 }
 
 std::vector<std::string> snapshot::message_ids_of(std::string_view consumer, std::string_view event_id) const {
     std::vector<std::string> out{"e" + std::string(event_id)};
-    if (auto t = table(detail::event_id_log::table_name(consumer))) {
+    if (auto t = table(layout::event_ids_table(consumer))) {
         for (auto& m : detail::event_id_log::message_ids(txn_, *t, event_id)) out.push_back(std::move(m));
     }
     return out;
 }
 
 std::optional<std::string> snapshot::event_id_of(std::string_view consumer, std::string_view message_id) const {
-    auto t = table(detail::event_id_log::table_name(consumer));
+    auto t = table(layout::event_ids_table(consumer));
     if (!t) return std::nullopt;
     return detail::event_id_log::event_id(txn_, *t, message_id);
 }

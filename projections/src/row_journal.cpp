@@ -1,5 +1,7 @@
 #include "row_journal.hpp"
 
+#include <idem/projections/layout.hpp>
+
 #include <idem/storage/codec.hpp>
 #include <idem/storage/error.hpp>
 
@@ -64,10 +66,10 @@ void empty_table(write_txn& txn, MDB_dbi table, const std::string& what) {
 
 }  // namespace
 
-std::string row_journal::meta_key(std::string_view projection) { return "journal/" + std::string(projection); }
+std::string row_journal::meta_key(std::string_view projection) { return layout::journal_key(projection); }
 
 std::string row_journal::table_name(std::string_view projection, std::uint64_t parity) {
-    return (parity % 2 == 0 ? "journal0/" : "journal1/") + std::string(projection);
+    return layout::journal_table(projection, parity);
 }
 
 std::pair<std::string_view, std::string_view> row_journal::split(std::string_view value) {

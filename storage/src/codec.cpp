@@ -66,14 +66,6 @@ void append_escaped(std::string& out, std::string_view key) {
 
 }  // namespace
 
-std::size_t escaped_size(std::string_view aggregate) noexcept {
-    std::size_t n = aggregate.size();
-    for (char c : aggregate) {
-        n += c == '\0' ? 1 : 0;
-    }
-    return n;
-}
-
 std::string row_key(std::string_view aggregate) {
     std::string out;
     out.reserve(aggregate.size() + 2);

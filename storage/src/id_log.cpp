@@ -190,10 +190,6 @@ bool id_log::contains(const txn_base& txn, std::string_view id) const {
     return staged(id, hash) != nullptr || indexed(txn, id, hash).has_value();
 }
 
-bool id_log::stage_if_new(const txn_base& txn, std::string_view id, std::uint64_t stamp) {
-    return stage_if_new(txn, id, stamp, hash_of(id));
-}
-
 bool id_log::contains(const txn_base& txn, std::string_view id, std::uint64_t hash) const {
     return staged(id, hash) != nullptr || indexed(txn, id, hash).has_value();
 }
@@ -204,12 +200,6 @@ std::optional<id_log::entry> id_log::find(const txn_base& txn, std::string_view 
 }
 
 void id_log::stage(std::string_view id, std::uint64_t stamp, std::uint64_t hash) { stage_hashed(id, stamp, hash); }
-
-bool id_log::stage_if_new(const txn_base& txn, std::string_view id, std::uint64_t stamp, std::uint64_t hash) {
-    if (staged(id, hash) != nullptr || indexed(txn, id, hash)) return false;
-    stage_hashed(id, stamp, hash);
-    return true;
-}
 
 void id_log::annotate_last(const std::array<std::uint64_t, max_extra>& extra) {
     if (!staged_.empty()) staged_.back().extra = extra;
@@ -248,11 +238,11 @@ std::optional<id_log::entry> id_log::find_newest(const txn_base& txn, std::strin
     if (!staged_.empty()) {
         // Staged entries are newer than any in the log; among them the one staged last.
         const staged_id* newest = nullptr;
-        std::size_t mask = staged_slots_.size() - 1;
-        for (std::size_t i = static_cast<std::size_t>(hash) & mask; staged_slots_[i] != 0; i = (i + 1) & mask) {
-            const auto& s = staged_[staged_slots_[i] - 1];
+        staged_slots_.probe(hash, [&](std::size_t k) {
+            const auto& s = staged_[k];
             if (s.hash == hash && s.id == id && (newest == nullptr || &s > newest)) newest = &s;
-        }
+            return false;
+        });
         if (newest != nullptr) return entry{0, newest->stamp, newest->extra};
     }
     std::optional<entry> best;
@@ -273,31 +263,15 @@ std::optional<id_log::entry> id_log::find_newest(const txn_base& txn, std::strin
 
 const id_log::staged_id* id_log::staged(std::string_view id, std::uint64_t hash) const {
     if (staged_.empty()) return nullptr;
-    std::size_t mask = staged_slots_.size() - 1;
-    for (std::size_t i = static_cast<std::size_t>(hash) & mask; staged_slots_[i] != 0; i = (i + 1) & mask) {
-        const auto& s = staged_[staged_slots_[i] - 1];
-        if (s.hash == hash && s.id == id) return &s;
-    }
-    return nullptr;
+    const auto k = staged_slots_.probe(hash, [&](std::size_t i) { return staged_[i].hash == hash && staged_[i].id == id; });
+    return k == detail::slot_index::npos ? nullptr : &staged_[k];
 }
 
 void id_log::stage(std::string_view id, std::uint64_t stamp) { stage_hashed(id, stamp, hash_of(id)); }
 
 void id_log::stage_hashed(std::string_view id, std::uint64_t stamp, std::uint64_t hash) {
-    if ((staged_.size() + 1) * 10 > staged_slots_.size() * 7) {
-        staged_slots_.assign(std::max<std::size_t>(64, staged_slots_.size() * 2), 0);
-        std::size_t mask = staged_slots_.size() - 1;
-        for (std::size_t k = 0; k < staged_.size(); ++k) {
-            auto i = static_cast<std::size_t>(staged_[k].hash) & mask;
-            while (staged_slots_[i] != 0) i = (i + 1) & mask;
-            staged_slots_[i] = static_cast<std::uint32_t>(k + 1);
-        }
-    }
-    std::size_t mask = staged_slots_.size() - 1;
-    auto i = static_cast<std::size_t>(hash) & mask;
-    while (staged_slots_[i] != 0) i = (i + 1) & mask;
+    staged_slots_.insert(staged_.size(), hash, [&](std::size_t k) { return staged_[k].hash; });
     staged_.push_back(staged_id{std::string(id), stamp, hash, {}});
-    staged_slots_[i] = static_cast<std::uint32_t>(staged_.size());
 }
 
 void id_log::write(write_txn& txn) {
@@ -324,7 +298,7 @@ void id_log::committed() {
 void id_log::rolled_back() {
     if (staged_.empty()) return;
     staged_.clear();
-    std::fill(staged_slots_.begin(), staged_slots_.end(), 0u);
+    staged_slots_.reset();
 }
 
 id_log::prune_step id_log::prune(write_txn& txn, std::uint64_t cutoff, std::size_t max_rows,
@@ -354,13 +328,6 @@ void id_log::pruned(const prune_step& step) noexcept {
     // The head moved past the removed entries; their slots are tombstones now.
     head_ += step.removed;
     count_ -= std::min(count_, step.removed);
-}
-
-std::optional<id_log::entry> id_log::oldest(const txn_base& txn) const {
-    cursor c{txn, table_};
-    auto first = c.first();
-    if (!first) return std::nullopt;
-    return decode(codec::get_u64_be(first->first), first->second);
 }
 
 }  // namespace idem

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Crash tests: the `idem` binary and the in-process engine killed at every named crash
-point (IDEM_CRASH_AT=<point>:<N>, storage/include/idem/storage/crash_point.hpp) and at
+point (IDEM_CRASH_AT=<point>:<N>, storage/internal/idem/storage/crash_point.hpp) and at
 random moments, the state on disk checked after every kill (tests/crash/README.md).
 
 usage: crash_test.py PATH/TO/idem PATH/TO/engine_crash [--points-from crash_point.hpp]

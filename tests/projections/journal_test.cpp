@@ -4,6 +4,7 @@
 
 #include "fixtures.hpp"
 
+#include <idem/projections/layout.hpp>
 #include <idem/storage/lmdb.hpp>
 
 #include <random>
@@ -22,7 +23,7 @@ std::size_t entries(const idem::store& s, const std::string& table) {
 }
 
 std::size_t journaled(const idem::store& s) {
-    return entries(s, "journal0/order-totals") + entries(s, "journal1/order-totals");
+    return entries(s, idem::layout::journal_table("order-totals", 0)) + entries(s, idem::layout::journal_table("order-totals", 1));
 }
 
 /// Every row read one by one (point reads look the journals up before the row table).
@@ -91,7 +92,7 @@ TEST_CASE("rows go to the journal first and are folded into the row table; every
         CHECK(dump(other, "order-totals") == w.ref.rows);
     }
     // Folds moved rows into the row table; the journals hold at most two journals' worth.
-    CHECK(entries(s, "proj/order-totals") > 0);
+    CHECK(entries(s, idem::layout::rows_table("order-totals")) > 0);
     CHECK(journaled(s) <= 2 * 50 + 2 * 25);
 }
 
@@ -108,7 +109,7 @@ TEST_CASE("the journal keeps its bound over a long run, and reads stay right at 
     }
     CHECK(most <= 2 * 40 + 2 * 20);
     check_rows(s, w.ref);
-    CHECK(entries(s, "proj/order-totals") >= w.ref.rows.size() / 2);  // most rows were folded in
+    CHECK(entries(s, idem::layout::rows_table("order-totals")) >= w.ref.rows.size() / 2);  // most rows were folded in
 }
 
 TEST_CASE("a store reopened with a half-folded journal goes on from the disk's state") {

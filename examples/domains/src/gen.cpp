@@ -141,7 +141,7 @@ bool is_set(const std::vector<std::uint8_t>& flags, std::uint64_t i) {
     return i < flags.size() && flags[i] != 0;
 }
 
-// The store's semantics (projections/src/store.cpp) over line_specs, in delivery order:
+// The store's semantics (projections/src/batch_run.cpp) over line_specs, in delivery order:
 // inbox first, then stream sequence (duplicate below the stream's highest, park past a
 // gap, release when it fills), then the contributing set, then the handler, all or nothing.
 class store_model {

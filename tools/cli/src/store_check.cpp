@@ -4,6 +4,7 @@
 #include "json_writer.hpp"
 
 #include <idem/cli/tool.hpp>
+#include <idem/projections/layout.hpp>
 #include <idem/projections/store.hpp>
 #include <idem/storage/envelope.hpp>
 #include <idem/storage/error.hpp>
@@ -50,7 +51,7 @@ record_counts read_records(environment_report& r, const std::filesystem::path& d
     if (!snap) return n;
     n.checked = true;
     for (const auto& p : projections) {
-        const auto table = "proj/" + p->name();
+        const auto table = layout::rows_table(p->name());
         read_part(r, table, [&] {
             snap->scan_raw(p->name(), [&](const snapshot::raw_row_view& row) {
                 ++n.rows;
@@ -61,23 +62,23 @@ record_counts read_records(environment_report& r, const std::filesystem::path& d
                 }
             });
         });
-        read_part(r, "contrib/" + p->name(), [&] {
+        read_part(r, layout::contrib_table(p->name()), [&] {
             snap->scan_contributors(p->name(), std::string_view("\0", 1), [](std::string_view) {});
             snap->contributor_floor(p->name());
         });
     }
-    read_part(r, "deadletter/" + consumer, [&] { n.dead_letters = snap->dead_letters(consumer).size(); });
-    read_part(r, "checkpoint/" + consumer, [&] { n.checkpoints = snap->checkpoints(consumer).size(); });
-    read_part(r, "meta", [&] {
+    read_part(r, layout::dead_letter_table(consumer), [&] { n.dead_letters = snap->dead_letters(consumer).size(); });
+    read_part(r, layout::checkpoint_table(consumer), [&] { n.checkpoints = snap->checkpoints(consumer).size(); });
+    read_part(r, std::string(layout::meta_table), [&] {
         snap->commit();
         snap->stats(consumer);
         snap->retention(consumer);
     });
     // Lookups of an id no record holds walk every record of the inbox and the parked events.
-    read_part(r, "inbox/" + consumer, [&] { snap->inbox_lookup(consumer, std::string_view("\0", 1)); });
-    read_part(r, "parked/" + consumer, [&] { snap->parked_lookup(consumer, std::string_view("\0", 1)); });
-    read_part(r, "eventids/" + consumer, [&] { snap->event_id_of(consumer, std::string_view("\0", 1)); });
-    read_part(r, "audit/" + consumer, [&] { snap->operator_actions(consumer); });
+    read_part(r, layout::inbox_table(consumer), [&] { snap->inbox_lookup(consumer, std::string_view("\0", 1)); });
+    read_part(r, layout::parked_table(consumer), [&] { snap->parked_lookup(consumer, std::string_view("\0", 1)); });
+    read_part(r, layout::event_ids_table(consumer), [&] { snap->event_id_of(consumer, std::string_view("\0", 1)); });
+    read_part(r, layout::audit_table(consumer), [&] { snap->operator_actions(consumer); });
     return n;
 }
 

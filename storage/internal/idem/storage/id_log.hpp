@@ -25,6 +25,7 @@
 // a page at a time while the old one fills, not all at once when entries start landing in it.
 
 #include <idem/storage/lmdb.hpp>
+#include <idem/storage/slot_index.hpp>
 
 #include <array>
 #include <chrono>
@@ -65,8 +66,6 @@ public:
     bool contains(const txn_base& txn, std::string_view id) const;
     /// Records id for the batch being built; it becomes visible to contains() at once.
     void stage(std::string_view id, std::uint64_t stamp);
-    /// Stages id unless it is recorded or staged already; returns whether it was new (one hash, one probe).
-    bool stage_if_new(const txn_base& txn, std::string_view id, std::uint64_t stamp);
     /// Returns id's entry, recorded or staged, or nullopt.
     std::optional<entry> find(const txn_base& txn, std::string_view id, std::uint64_t hash) const;
     /// Returns id's most recent entry, recorded or staged, or nullopt: where an id was recorded again
@@ -83,7 +82,6 @@ public:
     static std::uint64_t hash_of(std::string_view id) noexcept;
     bool contains(const txn_base& txn, std::string_view id, std::uint64_t hash) const;
     void stage(std::string_view id, std::uint64_t stamp, std::uint64_t hash);
-    bool stage_if_new(const txn_base& txn, std::string_view id, std::uint64_t stamp, std::uint64_t hash);
     /// Asks the CPU to bring the index slot for hash into cache.
     void prefetch(std::uint64_t hash) const noexcept {
         slots_.prefetch(hash);
@@ -102,8 +100,6 @@ public:
                      std::chrono::steady_clock::time_point deadline);
     /// Forgets the entries a committed prune() removed.
     void pruned(const prune_step& step) noexcept;
-    /// Returns the oldest entry as txn sees it, or nullopt if the log is empty.
-    std::optional<entry> oldest(const txn_base& txn) const;
     /// Decodes a stored entry (value as stored under position).
     entry decode(std::uint64_t position, std::string_view value) const;
     /// Returns the id of a stored entry's value.
@@ -176,7 +172,7 @@ private:
     std::uint64_t head_ = 1;    // the first position not pruned
     std::uint64_t next_position_ = 1;  // the position the next append gets
     std::vector<staged_id> staged_;
-    std::vector<std::uint32_t> staged_slots_;  // open addressing over staged_: index + 1; 0 marks an empty slot
+    detail::slot_index staged_slots_;  // finds staged_ entries by hash
 };
 
 }  // namespace idem

@@ -38,8 +38,6 @@ std::string row_key(std::string_view aggregate);
 std::string contributor_key(std::string_view aggregate, std::string_view effect);
 /// Returns the first key past every contributor_key(aggregate, ...).
 std::string after_contributors(std::string_view aggregate);
-/// Returns the bytes an aggregate key takes in a table key before any suffix.
-std::size_t escaped_size(std::string_view aggregate) noexcept;
 
 /// A decoded projection-table key.
 struct table_key {

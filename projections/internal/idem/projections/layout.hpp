@@ -1,0 +1,156 @@
+#pragma once
+
+// The on-disk layout of a store, in one place: every table name, meta key and record codec.
+// It mirrors the storage-layout table of docs/DESIGN.md one to one; change both together.
+// Integers are little-endian unless a key needs big-endian order; a length-prefixed string
+// is [u32 LE length][bytes]. Not installed: the library, its tools and its tests read it.
+
+#include <idem/projections/store.hpp>
+#include <idem/storage/codec.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace idem::layout {
+
+// --- meta ---------------------------------------------------------------------------------
+
+/// The format a store is written in. 2: inbox entries carry a fingerprint, commit and outcome;
+/// 3: changed rows go to a journal first; 4: inbox entries carry the event's identity too, and
+/// transport ids are keyed by their transport.
+inline constexpr std::uint32_t storage_format = 4;
+/// The table of single values.
+inline constexpr std::string_view meta_table = "meta";
+/// meta: the storage format, u32 LE.
+inline constexpr std::string_view format_key = "format";
+/// meta: the last commit number, u64 LE.
+inline constexpr std::string_view commit_key = "commit";
+/// meta: a consumer's durable counters (consumer_stats).
+std::string stats_key(std::string_view consumer);
+/// meta: a consumer's retention clock (clock_record).
+std::string clock_key(std::string_view consumer);
+/// meta: the event time below which a projection's contributing sets were pruned, ns, u64 LE.
+std::string contrib_floor_key(std::string_view projection);
+/// meta: a projection's row journals' epoch and fold cursor.
+std::string journal_key(std::string_view projection);
+
+// --- tables -------------------------------------------------------------------------------
+
+/// A consumer's inbox: an id_log of message ids (inbox_entry values).
+std::string inbox_table(std::string_view consumer);
+/// A projection's rows: esc(key) 00 00 -> row record (codec::encode_row).
+std::string rows_table(std::string_view projection);
+/// One of a projection's two row journals (parity 0 or 1).
+std::string journal_table(std::string_view projection, std::uint64_t parity);
+/// A projection's contributing sets: an id_log of esc(key) 00 01 <effect key>.
+std::string contrib_table(std::string_view projection);
+/// A consumer's streams: subject -> highest sequence processed, u64 LE.
+std::string streams_table(std::string_view consumer);
+/// A consumer's parked events: parked_key -> parked value.
+std::string parked_table(std::string_view consumer);
+/// A consumer's dead letters: position (u64 BE) -> dead-letter record.
+std::string dead_letter_table(std::string_view consumer);
+/// A consumer's transport collisions: position (u64 BE) -> dead-letter record.
+std::string collision_table(std::string_view consumer);
+/// The event ids of a consumer's deliveries under transport ids (event_ids.hpp).
+std::string event_ids_table(std::string_view consumer);
+/// A consumer's operator actions: position (u64 BE) -> audit record.
+std::string audit_table(std::string_view consumer);
+/// A consumer's checkpoints: source name -> checkpoint value.
+std::string checkpoint_table(std::string_view consumer);
+
+// --- values -------------------------------------------------------------------------------
+
+/// Returns a u64 LE value, or 0 if absent or short.
+std::uint64_t u64_or_zero(std::optional<std::string_view> v);
+/// Encodes a u64 LE value.
+std::string u64_value(std::uint64_t v);
+/// Appends a length-prefixed string.
+void put_str(std::string& out, std::string_view s);
+/// Takes a length-prefixed string off the front of in (throws corrupt_record if truncated).
+std::string_view take_str(std::string_view& in);
+/// Takes a u64 LE off the front of in (throws corrupt_record if truncated).
+std::uint64_t take_u64(std::string_view& in);
+/// Takes a u32 LE off the front of in (throws corrupt_record if truncated).
+std::uint32_t take_u32(std::string_view& in);
+
+/// A consumer's retention clock: [highest event time seen][inbox floor], ns, u64 LE each; then
+/// [pending jump: lowest time][n: events that agree on it][their n identities] (absent in stores
+/// written before).
+struct clock_record {
+    std::uint64_t event_time = 0;
+    std::uint64_t inbox_floor = 0;
+    std::uint64_t jump_time = 0;            ///< events far ahead of event_time that may be a real jump: their lowest time
+    std::vector<std::uint64_t> jump_votes;  ///< the identities of the distinct events that agree on it (empty: none)
+};
+clock_record decode_clock(std::optional<std::string_view> v);
+std::string encode_clock(const clock_record& c);
+
+/// A consumer's counters: outcome_kinds u64 then released, batches, late_events, id_conflicts,
+/// pruned_ids, pruned_contributors, transport_collisions, future_events (older stores: fewer).
+consumer_stats decode_stats(std::optional<std::string_view> v);
+std::string encode_stats(const consumer_stats& s);
+
+/// A dead letter: [reason u8][time u64][message id][detail] (strings length-prefixed), then the
+/// envelope; a too_large one keeps [size u64][digest u64] and its first dead_letter_prefix bytes,
+/// marked by the reason byte's top bit (reasons stay below 128).
+std::string encode_dead_letter(reason why, std::string_view detail, std::string_view message_id,
+                               std::string_view body, std::uint64_t time_ns);
+dead_letter decode_dead_letter(std::uint64_t position, std::string_view v);
+
+/// A parked event's key: esc(subject) 00 01 <sequence u64 BE>.
+std::string parked_key(std::string_view subject, std::uint64_t sequence);
+/// Splits a parked key into (subject, sequence); nullopt if it is not one.
+std::optional<std::pair<std::string, std::uint64_t>> decode_parked_key(std::string_view key);
+/// A parked event's value: [message id] (length-prefixed) then the envelope as received.
+std::string encode_parked(std::string_view message_id, std::string_view body);
+/// Splits a parked value into (message id, envelope).
+std::pair<std::string_view, std::string_view> decode_parked(std::string_view v);
+
+/// A checkpoint's value: the position (u64 LE), then what the source checks on resume.
+std::string encode_checkpoint(std::uint64_t position, std::string_view detail);
+
+/// An operator action: [time u64][commit u64][action][stream][note][summary] (length-prefixed)
+/// [u32 n][n x (from u64, to u64)][u32 m][m x u64].
+std::string encode_action(const operator_action& a);
+operator_action decode_action(std::uint64_t position, std::string_view v);
+
+// --- the inbox ----------------------------------------------------------------------------
+
+/// An inbox entry (an id_log value with 3 extra words): [stamp u64][content fingerprint u64]
+/// [commit << 8 | outcome u64][event identity u64][message id]. The writer stages it through
+/// id_log; readers decode it here.
+inline constexpr std::size_t inbox_extra_words = 3;
+/// Bytes before the message id.
+inline constexpr std::size_t inbox_header = 8 * (1 + inbox_extra_words);
+
+/// Packs the commit number and outcome of the first delivery into one word.
+inline std::uint64_t inbox_word(std::uint64_t commit, outcome_kind k) {
+    return commit << 8 | static_cast<std::uint64_t>(k);
+}
+
+/// One decoded inbox value.
+struct inbox_entry {
+    snapshot::inbox_record record;
+    std::string_view message_id;
+};
+
+/// Decodes a stored inbox value; nullopt if it is too short to be one.
+std::optional<inbox_entry> decode_inbox_entry(std::string_view v);
+
+/// An inbox entry's event identity: the event id's hash, never 0 (0 marks a delivery without one).
+std::uint64_t event_identity(std::string_view event_id);
+
+/// Whether an inbox key is a transport id ('m' unnamed transport, 't' named), not an event id ('e').
+inline bool is_transport_key(std::string_view key) noexcept { return key.starts_with('m') || key.starts_with('t'); }
+/// An inbox key as people write it: "'m-17'", "'m-17' of transport 'orders.jsonl'", or the event id.
+std::string describe_message_id(std::string_view key);
+
+/// Returns s, cut to n bytes with "..." when longer (keys and subjects in messages).
+std::string truncate(std::string_view s, std::size_t n = 64);
+
+}  // namespace idem::layout

@@ -1,0 +1,628 @@
+// One batch, in one write transaction, read top-down as the idempotency argument:
+//
+//   store::apply           retries the whole batch after growing the map; nothing is half-stored
+//   impl::run              one transaction: deliver all, prune what expired, finish, commit
+//   deliver_all            each delivery in order, its outcome counted, the checkpoint staged
+//   deliver                the inbox: a message id seen before is a duplicate (or, with other
+//                          content, an id conflict), else recorded with this batch
+//   process                the stream: a sequence at or below the stream's is a duplicate, one
+//                          past a gap is parked; unsequenced: the event-time horizon
+//   apply_projections      per row: its sequence and contributing set say whether it holds the
+//                          effect; handlers run on copies, all-or-nothing per event
+//   finish                 rows, ids, effect keys, streams, parked events, dead letters,
+//                          checkpoint, counters and the commit number, in the same transaction
+//
+// Outcomes are returned only after the commit succeeded.
+
+#include "store_internal.hpp"
+
+#include <idem/storage/canonical.hpp>
+#include <idem/storage/codec.hpp>
+#include <idem/storage/crash_point.hpp>
+#include <idem/storage/duration.hpp>
+
+#include <algorithm>
+#include <utility>
+
+namespace idem {
+
+std::vector<outcome> store::apply(std::span<const delivery> batch, const std::optional<checkpoint>& at) {
+    return apply(prepare(batch), at);
+}
+
+std::vector<outcome> store::apply(const prepared_batch& batch, const std::optional<checkpoint>& at) {
+    if (impl_->bulk) {
+        try {
+            return impl_->run_bulk(batch, at);
+        } catch (...) {
+            impl_->abandon_bulk();
+            throw;
+        }
+    }
+    return impl_->until_committed([&] { return impl_->run(batch, at); });
+}
+
+outcome store::apply(const delivery& d) { return apply(std::span<const delivery>(&d, 1)).front(); }
+
+std::vector<outcome> store::impl::run(const prepared_batch& prepared, const std::optional<checkpoint>& at) {
+    crash_point("after_decode");
+    write_txn txn{*env};
+    detail::batch_run run{*this, txn};
+    auto outcomes = run.deliver_all(prepared.items_, at);
+    prune_steps pruned;
+    prune_in_batch(txn, run, pruned);  // expired entries leave with the batch's own commit
+    run.finish();
+    if (options.before_commit) options.before_commit(run.commit());
+    crash_point("before_commit");
+    txn.commit();
+    crash_point("after_commit");
+    forget_pruned(pruned);
+    ids->committed();
+    for (auto& c : contributors) c->committed();
+    return outcomes;
+}
+
+namespace detail {
+
+batch_run::batch_run(store::impl& s, write_txn& txn, bool bulk) : s_(s), txn_(txn), bulk_(bulk) {
+    s_.ids->catch_up(txn_);
+    s_.event_ids->clear();
+    for (auto& c : s_.contributors) c->catch_up(txn_);
+    for (std::size_t p = 0; p < s_.journals.size(); ++p) {
+        s_.journals[p]->catch_up(txn_);
+        if (bulk_) s_.journals[p]->fold_all(txn_, s_.tables[p]);
+    }
+    if (auto v = txn_.get(s_.meta, layout::commit_key); v && v->size() >= 8) commit_ = codec::get_u64_le(*v) + 1;
+    stats = layout::decode_stats(txn_.get(s_.meta, layout::stats_key(s_.options.consumer)));
+    clock_ = layout::decode_clock(txn_.get(s_.meta, layout::clock_key(s_.options.consumer)));
+    for (const auto& p : s_.projections) {
+        contrib_floors_.push_back(layout::u64_or_zero(txn_.get(s_.meta, layout::contrib_floor_key(p->name()))));
+    }
+    cursor c{txn_, s_.parked};
+    parked_possible_ = c.first().has_value();
+}
+
+std::vector<outcome> batch_run::deliver_all(const std::vector<prepared_batch::item>& batch,
+                                            const std::optional<checkpoint>& at) {
+    source_ = at ? at->source : std::string();
+    std::vector<outcome> outcomes;
+    outcomes.reserve(batch.size());
+    constexpr std::size_t ahead = 8;  // deliveries whose index slots are fetched while earlier ones apply
+    for (std::size_t i = 0; i < batch.size(); ++i) {
+        if (i + ahead < batch.size()) prefetch(batch[i + ahead]);
+        if (i == batch.size() / 2 && i != 0) crash_point("mid_batch");
+        outcomes.push_back(deliver(batch[i]));
+        outcomes.back().commit = commit_;
+        ++stats.outcomes[static_cast<std::size_t>(outcomes.back().kind)];
+    }
+    current_ = nullptr;  // the caller may reuse the batch's items once this returns
+    if (at) {
+        checkpoints_[at->source] = layout::encode_checkpoint(at->position, at->detail);
+    }
+    return outcomes;
+}
+
+void batch_run::prefetch(const prepared_batch::item& d) const noexcept {
+    if (d.err.why != reason::none) return;
+    s_.ids->prefetch(d.message_hash);
+    if (d.ev.sequence) streams_.prefetch(d.subject_hash);
+    for (const auto& pt : d.parts) {
+        for (auto h : pt.contributor_hashes) s_.contributors[pt.projection]->prefetch(h);
+        if (pt.projection < rows_.size()) {
+            for (auto h : pt.key_hashes) rows_[pt.projection].prefetch(h);
+        }
+    }
+}
+
+outcome batch_run::deliver(const prepared_batch::item& d) {
+    current_ = &d;
+    const bool malformed = d.err.why != reason::none;
+    // Without a valid envelope only a transport id can identify a redelivery.
+    std::string transport;
+    if (malformed && !d.transport_id.empty()) transport = transport_message_id(d.transport, d.transport_id);
+    const std::string& message_id = malformed ? transport : d.message_id;
+    const auto hash = malformed ? id_log::hash_of(message_id) : d.message_hash;
+    auto label = [&] { return malformed ? std::string("message") : describe(d.ev) + ": message"; };
+    std::optional<std::string> collision;  // the transport id was first used by another event
+    if (!message_id.empty()) {
+        if (auto first = s_.ids->find(txn_, message_id, hash)) {
+            const auto first_commit = first->position == 0 ? commit_ : first->extra[1] >> 8;
+            if (first->extra[2] != d.identity && !message_id.starts_with("e")) {
+                // A transport id is unique within its transport only as far as the transport keeps
+                // it so: another event under it is reported, and judged on its own as a new message.
+                ++stats.transport_collisions;
+                collision = label() + " " + layout::describe_message_id(message_id) + " was first used in commit " +
+                            std::to_string(first_commit) +
+                            " by another event: a transport id collision, judged as a new message";
+            } else if (first->extra[0] != 0 && first->extra[0] != d.fingerprint) {
+                // Same id, other content: the first effect stands; this one is kept for the operator.
+                ++stats.id_conflicts;
+                return dead(reason::id_conflict,
+                            label() + " " + layout::describe_message_id(message_id) + " was first processed in commit " +
+                                std::to_string(first_commit) + " with other content (fingerprint " +
+                                std::to_string(first->extra[0]) + ", this delivery " + std::to_string(d.fingerprint) +
+                                "); the first effect stands",
+                            message_id, d.body);
+            } else {
+                return outcome{outcome_kind::duplicate_message, reason::none,
+                               label() + " " + layout::describe_message_id(message_id) + " already processed in commit " +
+                                   std::to_string(first_commit),
+                               0};
+            }
+        }
+    }
+    clock_before_ = clock_.event_time;
+    future_ = d.time_ns && ahead(*d.time_ns, d.identity);
+    if (d.time_ns && !future_) clock_.event_time = std::max(clock_.event_time, *d.time_ns);
+    const auto stamp = s_.options.retention.clock == retention_clock::event ? clock_.event_time : time_ns_;
+    // A collision's id is in the inbox already (the first event's); this event is not recorded under it.
+    const bool record = !message_id.empty() && !collision;
+    if (record) s_.ids->stage(message_id, stamp, hash);
+    // Transport ids ('m' unnamed transport, 't' named) are what `why --event` must map back to the event.
+    if (record && !malformed && (message_id.starts_with('m') || message_id.starts_with('t'))) {
+        s_.event_ids->stage(message_id, d.ev.event_id(), stamp);
+    }
+    auto result = malformed ? dead(d.err.why, "malformed event: " + d.err.detail, message_id, d.body)
+                            : process(d.ev, d.time_ns, message_id, d.body, d.parts);
+    if (record) s_.ids->annotate_last({d.fingerprint, layout::inbox_word(commit_, result.kind), d.identity});
+    if (collision) {
+        *collision += ": " + std::string(to_string(result.kind)) +
+                      (result.why != reason::none ? " (" + std::string(to_string(result.why)) + ")" : std::string());
+        collisions_.push_back(layout::encode_dead_letter(reason::transport_collision, *collision, message_id, d.body, time_ns_));
+        result.detail = result.detail.empty() ? *collision : *collision + "; " + result.detail;
+    }
+    return result;
+}
+
+outcome batch_run::process(const envelope& ev, std::optional<std::uint64_t> time, std::string_view message_id,
+                           std::string_view body, const std::vector<part>& parts) {
+    if (!ev.sequence) {
+        if (future_) return future_event(ev, *time, message_id, body);
+        if (!parts.empty()) {
+            if (auto rejected = late(ev, time, message_id, body, parts)) return std::move(*rejected);
+        }
+        return apply_projections(ev, message_id, body, &parts);
+    }
+    auto seq = *ev.sequence;
+    // The parked key escapes the subject (at most doubling it) and appends 10 bytes: measure only when it may not fit.
+    if (2 * ev.subject.size() + 10 > txn_.env().max_key_size() &&
+        layout::parked_key(ev.subject, seq).size() > txn_.env().max_key_size()) {
+        return dead(reason::key_too_long,
+                    describe(ev) + ": subject of " + std::to_string(ev.subject.size()) +
+                        " bytes is too long to track its stream (limit ~500 bytes)",
+                    message_id, body);
+    }
+    auto& st = stream(ev.subject);  // a reference into a node-based map: stable while the batch runs
+    const auto highest = st.highest;
+    if (seq <= highest) {
+        return outcome{outcome_kind::duplicate_event, reason::none,
+                       describe(ev) + ": sequence " + std::to_string(seq) + " of '" + layout::truncate(ev.subject) +
+                           "' already applied (stream at " + std::to_string(highest) + ")",
+                       0};
+    }
+    if (seq > highest + 1) {
+        if (s_.options.gaps == gap_policy::reject) {
+            return dead(reason::sequence_gap,
+                        describe(ev) + ": sequence " + std::to_string(seq) + " of '" + layout::truncate(ev.subject) +
+                            "' skips ahead of " + std::to_string(highest + 1),
+                        message_id, body);
+        }
+        if (s_.options.gaps == gap_policy::park) {
+            auto key = layout::parked_key(ev.subject, seq);
+            if (auto existing = parked_value(key)) {
+                const auto parked_body = layout::decode_parked(*existing).second;
+                envelope other;
+                parse_error err;
+                if (s_.parser.parse(parked_body, other, err) && other.event_id() == ev.event_id()) {
+                    return outcome{outcome_kind::duplicate_event, reason::none,
+                                   describe(ev) + ": already parked at sequence " + std::to_string(seq), 0};
+                }
+                return dead(reason::sequence_conflict,
+                            describe(ev) + ": sequence " + std::to_string(seq) + " of '" + layout::truncate(ev.subject) +
+                                "' is already held by another event",
+                            message_id, body);
+            }
+            parked_[key] = layout::encode_parked(message_id, body);
+            parked_possible_ = true;
+            return outcome{outcome_kind::parked, reason::none,
+                           describe(ev) + ": sequence " + std::to_string(seq) + " of '" + layout::truncate(ev.subject) +
+                               "' waits for " + std::to_string(highest + 1),
+                           0};
+        }
+    }
+    // A dead-lettered event still moves its stream on: it is kept for the operator, and
+    // holding every later event of the stream behind it would stall the aggregate.
+    auto result = future_ ? future_event(ev, *time, message_id, body) : apply_projections(ev, message_id, body, &parts);
+    st = stream_state{std::max(highest, seq), true};
+    release_parked(ev.subject);
+    return result;
+}
+
+outcome batch_run::apply_projections(const envelope& ev, std::string_view message_id, std::string_view body,
+                                     const std::vector<part>* parts) {
+    std::vector<part> local;
+    if (parts == nullptr) {  // a released parked event: prepared here, on the writer
+        prepare_parts(s_, ev, local);
+        parts = &local;
+    }
+    meta m{ev.id, ev.source, ev.type, ev.subject, ev.sequence, ev.time, {}};
+    std::vector<staged_change> staged;
+    const bool handled = !parts->empty();
+    const auto limit = txn_.env().max_key_size();
+
+    for (const auto& pt : *parts) {
+        if (pt.failed != reason::none) return dead(pt.failed, pt.detail, message_id, body);
+        const auto p = pt.projection;
+        const auto& proj = *s_.projections[p];
+        const auto& effect = pt.effect;
+        for (std::size_t k = 0; k < pt.keys.size(); ++k) {
+            const auto& key = pt.keys[k];
+            const auto& contributor = pt.contributors[k];
+            if (contributor.size() > limit) {
+                return dead(reason::key_too_long,
+                            describe(ev) + ", projection '" + proj.name() + "': row key '" + layout::truncate(key) + "' (" +
+                                std::to_string(key.size()) + " bytes) with its effect key (" +
+                                std::to_string(effect ? effect->size() : ev.event_id().size()) +
+                                " bytes) exceeds LMDB's " + std::to_string(limit) + "-byte key limit",
+                            message_id, body);
+            }
+            auto& slot = load_row(p, key, pt.key_hashes[k]);
+            const bool own_stream = ev.sequence && key == ev.subject;
+            if (own_stream && *ev.sequence <= slot.header.highest_sequence) continue;
+            if (holds(p, contributor, pt.contributor_hashes[k])) continue;
+            auto copy = slot.state->clone();
+            m.key = key;
+            try {
+                pt.handler->apply(*copy, pt.decoded.get(), m);
+            } catch (const std::exception& e) {
+                return dead(reason::handler_failed,
+                            describe(ev) + ", projection '" + proj.name() + "', row '" + layout::truncate(key) +
+                                "': handler threw: " + e.what(),
+                            message_id, body);
+            }
+            staged.push_back(staged_change{p, &slot, std::move(copy), &contributor, pt.contributor_hashes[k], own_stream});
+        }
+    }
+    if (!handled) {
+        if (s_.options.unknown_types == unknown_type_policy::dead_letter) {
+            return dead(reason::unknown_type, describe(ev) + ": no projection handles type '" + layout::truncate(ev.type) + "'",
+                        message_id, body);
+        }
+        return outcome{outcome_kind::ignored, reason::none, describe(ev) + ": no projection handles " + ev.type, 0};
+    }
+    if (staged.empty()) {
+        return outcome{outcome_kind::duplicate_event, reason::none,
+                       describe(ev) + ": every row it maps to already holds its effect", 0};
+    }
+    // All handlers succeeded: only now does the event touch the batch's rows. Contributing-set
+    // entries carry the event time (the horizon prunes by it), or the consumer's without one.
+    const auto stamp = parse_event_time(ev.time).value_or(clock_.event_time);
+    for (auto& c : staged) {
+        c.slot->state = std::move(c.state);
+        c.slot->header.applied += 1;
+        if (c.own_stream) c.slot->header.highest_sequence = std::max(c.slot->header.highest_sequence, *ev.sequence);
+        c.slot->dirty = true;
+        s_.contributors[c.projection]->stage(*c.contributor, stamp, c.contributor_hash);
+    }
+    return outcome{outcome_kind::applied, reason::none, {}, 0};
+}
+
+void batch_run::release_parked(const std::string& subject) {
+    if (s_.options.gaps != gap_policy::park || !parked_possible_) return;
+    for (;;) {
+        auto& st = stream(subject);
+        const auto highest = st.highest;
+        auto key = layout::parked_key(subject, highest + 1);
+        auto value = parked_value(key);
+        if (!value) return;
+        parked_[key] = std::nullopt;
+        const auto [stored_id, rest] = layout::decode_parked(*value);
+        const std::string message_id(stored_id);
+        envelope ev;
+        parse_error err;
+        if (!s_.parser.parse(rest, ev, err)) {
+            throw_error(errc::corrupt_record, "parked event of '" + subject + "' no longer parses: " + err.detail);
+        }
+        const auto* delivering = std::exchange(current_, nullptr);  // a released event was read elsewhere
+        // Judged against the event time as it is now: parked, it did not move it.
+        const auto time = parse_event_time(ev.time);
+        const auto& skew = s_.options.retention.max_future_skew;
+        const bool far_ahead = time && skew && future_guarded() && clock_.event_time != 0 &&
+                               *time > clock_.event_time && *time - clock_.event_time > count_ns(*skew);
+        auto result = far_ahead ? future_event(ev, *time, message_id, rest) : apply_projections(ev, message_id, rest, nullptr);
+        current_ = delivering;
+        ++stats.released;
+        st = stream_state{highest + 1, true};
+        if (result.kind == outcome_kind::dead_lettered) {
+            ++stats.outcomes[static_cast<std::size_t>(outcome_kind::dead_lettered)];
+        }
+    }
+}
+
+// --- the guards -----------------------------------------------------------------------------
+
+bool batch_run::future_guarded() const {
+    const auto& r = s_.options.retention;
+    return r.max_future_skew && (r.allowed_lateness || (r.inbox_retention && r.clock == retention_clock::event));
+}
+
+bool batch_run::ahead(std::uint64_t time, std::uint64_t identity) {
+    // An event far ahead of the consumer's event time is held against it (one bad clock must not
+    // move the horizon for everyone) until enough such events agree that the source jumped forward.
+    const auto& r = s_.options.retention;
+    if (!future_guarded() || clock_.event_time == 0) return false;
+    const auto skew = count_ns(*r.max_future_skew);
+    if (time <= clock_.event_time || time - clock_.event_time <= skew) return false;
+    // Votes are distinct events: the same outlier re-sent under new message ids votes once.
+    auto& votes = clock_.jump_votes;
+    const auto lo = std::min(time, clock_.jump_time);
+    const auto hi = std::max(time, clock_.jump_time);
+    if (!votes.empty() && hi - lo <= skew) {
+        clock_.jump_time = lo;
+        if (std::find(votes.begin(), votes.end(), identity) == votes.end()) votes.push_back(identity);
+    } else {
+        clock_.jump_time = time;
+        votes.assign(1, identity);
+    }
+    if (votes.size() < std::max<std::uint32_t>(1, r.future_confirmations)) return true;
+    clock_.jump_time = 0;
+    votes.clear();
+    return false;
+}
+
+outcome batch_run::future_event(const envelope& ev, std::uint64_t time, std::string_view message_id,
+                                std::string_view body) {
+    ++stats.future_events;
+    return dead(reason::future_event,
+                describe(ev) + ": event time " + ev.time + " is " + std::to_string((time - clock_.event_time) / 1'000'000) +
+                    " ms ahead of the consumer's event time, more than the allowed skew of " +
+                    format_duration(*s_.options.retention.max_future_skew) +
+                    "; it did not move the event-time horizon",
+                message_id, body);
+}
+
+std::optional<outcome> batch_run::late(const envelope& ev, std::optional<std::uint64_t> time,
+                                       std::string_view message_id, std::string_view body,
+                                       const std::vector<part>& parts) {
+    // The contributing sets of these rows prove an unsequenced event new only above their floor
+    // (where they may have been pruned) and, by policy, the horizon.
+    const auto& lateness = s_.options.retention.allowed_lateness;
+    std::uint64_t floor = 0;
+    if (lateness && clock_before_ > count_ns(*lateness)) floor = clock_before_ - count_ns(*lateness);
+    for (const auto& pt : parts) floor = std::max(floor, contrib_floors_[pt.projection]);
+    if (!lateness && floor == 0) return std::nullopt;
+    if (!time) {
+        ++stats.late_events;
+        return dead(reason::late_event,
+                    describe(ev) + ": no usable time ('" + layout::truncate(ev.time) +
+                        "'): with an event-time horizon an unsequenced event needs one to be proven new",
+                    message_id, body);
+    }
+    if (*time >= floor) return std::nullopt;
+    ++stats.late_events;
+    return dead(reason::late_event,
+                describe(ev) + ": event time " + ev.time + " is older than the horizon (" +
+                    std::to_string((floor - *time) / 1'000'000) +
+                    " ms before it) and no sequence proves it new; its contributing sets may be pruned",
+                message_id, body);
+}
+
+bool batch_run::holds(std::size_t p, const std::string& contributor, std::uint64_t hash) const {
+    // An entry counts until the horizon (as of the delivery being judged) passes its stamp, whether
+    // or not a prune step has removed it yet: outcomes never depend on when pruning ran, so batch
+    // sizes and a rebuild give the same ones. An expired entry may have been recorded again since.
+    auto e = s_.contributors[p]->find(txn_, contributor, hash);
+    if (!e) return false;
+    const auto& lateness = s_.options.retention.allowed_lateness;
+    if (!lateness || clock_before_ <= count_ns(*lateness)) return true;
+    const auto horizon = clock_before_ - count_ns(*lateness);
+    if (e->stamp >= horizon) return true;
+    e = s_.contributors[p]->find_newest(txn_, contributor, hash);
+    return e && e->stamp >= horizon;
+}
+
+outcome batch_run::dead(reason why, std::string detail, std::string_view message_id, std::string_view body) {
+    if (current_ != nullptr && std::string_view(source_).starts_with("log:")) {
+        // Read from a log: say where (path:line, or the byte offset once resumed mid-file).
+        const auto path = std::string_view(source_).substr(4);
+        detail = current_->line != 0 ? std::string(path) + ":" + std::to_string(current_->line) + " (byte offset " +
+                                           std::to_string(current_->offset) + "): " + detail
+                                     : std::string(path) + " at byte offset " + std::to_string(current_->offset) +
+                                           ": " + detail;
+    }
+    dead_letters_.push_back(layout::encode_dead_letter(why, detail, message_id, body, time_ns_));
+    return outcome{outcome_kind::dead_lettered, why, std::move(detail), 0};
+}
+
+// --- what the batch reads through its own state ----------------------------------------------
+
+batch_run::row_slot& batch_run::load_row(std::size_t p, const std::string& key, std::uint64_t hash) {
+    if (rows_.size() <= p) rows_.resize(s_.projections.size());
+    auto [entry, inserted] = rows_[p].try_emplace(key, hash);
+    auto& slot = entry->value;
+    if (!inserted) return slot;
+    row_bytes_ += 2 * key.size() + 192;
+    const auto& proj = *s_.projections[p];
+    const auto row_key = codec::row_key(key);
+    auto record = s_.journals[p]->find(txn_, row_key);
+    if (!record) record = txn_.get(s_.tables[p], row_key);
+    if (record) {
+        auto decoded = codec::decode_row(*record);
+        slot.header = decoded.header;
+        slot.state = proj.load(decoded.state, decoded.header.state_version);
+    } else {
+        slot.header.state_version = proj.state_version();
+        slot.state = proj.make_state();
+    }
+    return slot;
+}
+
+batch_run::stream_state& batch_run::stream(const std::string& subject) {
+    auto [entry, inserted] = streams_.try_emplace(subject);
+    if (inserted) {
+        if (auto v = txn_.get(s_.streams, subject); v && v->size() >= 8) entry->value.highest = codec::get_u64_le(*v);
+    }
+    return entry->value;
+}
+
+std::optional<std::string> batch_run::parked_value(const std::string& key) const {
+    if (auto it = parked_.find(key); it != parked_.end()) return it->second;
+    if (auto v = txn_.get(s_.parked, key)) return std::string(*v);
+    return std::nullopt;
+}
+
+// --- what it writes ------------------------------------------------------------------------
+
+void batch_run::finish() {
+    std::string value;
+    write_rows();
+    for (auto& c : s_.contributors) c->write(txn_);
+    s_.ids->write(txn_);
+    s_.event_ids->write(txn_);
+    write_dead_letters();
+    write_collisions();
+    std::vector<std::pair<std::string_view, std::uint64_t>> dirty_streams;
+    for (const auto& e : streams_.entries()) {
+        if (e.value.dirty) dirty_streams.emplace_back(e.key, e.value.highest);
+    }
+    std::sort(dirty_streams.begin(), dirty_streams.end());
+    for (const auto& [subject, highest] : dirty_streams) {
+        value.clear();
+        codec::put_u64_le(value, highest);
+        txn_.put(s_.streams, subject, value);
+    }
+    for (const auto& [key, v] : parked_) {
+        if (v) {
+            txn_.put(s_.parked, key, *v);
+        } else {
+            txn_.del(s_.parked, key);
+        }
+    }
+    for (const auto& [source, stored] : checkpoints_) txn_.put(s_.checkpoints, source, stored);
+    stats.batches += 1;
+    txn_.put(s_.meta, layout::stats_key(s_.options.consumer), layout::encode_stats(stats));
+    txn_.put(s_.meta, layout::clock_key(s_.options.consumer), layout::encode_clock(clock_));
+    value.clear();
+    codec::put_u64_le(value, commit_);
+    txn_.put(s_.meta, layout::commit_key, value);
+}
+
+void batch_run::write_rows() {
+    std::string value;
+    std::vector<std::pair<std::pair<std::size_t, std::string>, row_slot*>> dirty;
+    for (std::size_t p = 0; p < rows_.size(); ++p) {
+        for (auto& e : rows_[p].entries()) {
+            if (e.value.dirty) dirty.emplace_back(std::pair{p, codec::row_key(e.key)}, &e.value);
+        }
+    }
+    std::sort(dirty.begin(), dirty.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    std::string state;
+    std::size_t table = SIZE_MAX;
+    std::string last;  // the table's last key before this write: keys after it are appended
+    std::optional<cursor> appender;
+    std::vector<std::size_t> journaled(s_.journals.size());
+    for (auto& [id, slot] : dirty) {
+        const auto& proj = *s_.projections[id.first];
+        slot->header.state_version = proj.state_version();
+        state.clear();
+        proj.save(*slot->state, state);
+        value.clear();
+        codec::encode_row(value, slot->header, state);
+        slot->dirty = false;
+        if (!bulk_) {
+            s_.journals[id.first]->append(txn_, id.second, value);
+            ++journaled[id.first];
+            continue;
+        }
+        // A bulk build writes each table's keys in order: its B-tree is walked left to right once.
+        if (id.first != table) {
+            table = id.first;
+            appender.emplace(txn_, s_.tables[table]);
+            auto e = appender->last();
+            last = e ? std::string(e->first) : std::string();
+        }
+        if (last.empty() || id.second > last) {
+            appender->put(id.second, value, MDB_APPEND);  // through one cursor: no search from the root
+        } else {
+            txn_.put(s_.tables[id.first], id.second, value);
+        }
+    }
+    // Each batch folds twice what it journaled: the frozen journal is empty before the active
+    // one is due to take its place.
+    for (std::size_t p = 0; p < journaled.size(); ++p) {
+        s_.journals[p]->fold(txn_, s_.tables[p], 2 * journaled[p], s_.options.journal_rows);
+    }
+}
+
+namespace {
+
+// Appends records to a table keyed by position (u64 BE, after every existing one) and forgets them.
+void append_at_positions(write_txn& txn, MDB_dbi table, std::vector<std::string>& records) {
+    if (records.empty()) return;
+    cursor c{txn, table};
+    auto last = c.last();
+    std::uint64_t position = last ? codec::get_u64_be(last->first) + 1 : 1;
+    for (const auto& r : records) txn.put(table, codec::u64_key(position++), r, MDB_APPEND);
+    records.clear();
+}
+
+}  // namespace
+
+void batch_run::write_dead_letters() { append_at_positions(txn_, s_.dead, dead_letters_); }
+
+void batch_run::write_collisions() { append_at_positions(txn_, s_.collisions, collisions_); }
+
+// An operator action's view of a batch run (detail::operator_session).
+class operator_run final : public operator_session {
+public:
+    explicit operator_run(batch_run& run) : run_(run) {}
+    write_txn& txn() override { return run_.txn_; }
+    std::uint64_t commit() const override { return run_.commit_; }
+    std::uint64_t now() const override { return run_.time_ns_; }
+    MDB_dbi parked_table() const override { return run_.s_.parked; }
+    MDB_dbi dead_table() const override { return run_.s_.dead; }
+    outcome reapply(const envelope& ev, std::string_view message_id, std::string_view body) override {
+        return run_.apply_projections(ev, message_id, body, nullptr);
+    }
+    void dead_letter(reason why, std::string detail, std::string_view message_id, std::string_view body) override {
+        run_.dead(why, std::move(detail), message_id, body);
+    }
+    void write_dead_letters() override { run_.write_dead_letters(); }
+    std::uint64_t stream_highest(const std::string& subject) override { return run_.stream(subject).highest; }
+    void release_after(const std::string& subject, std::uint64_t highest) override {
+        set_stream(subject, highest);
+        run_.release_parked(subject);
+    }
+    void set_stream(const std::string& subject, std::uint64_t highest) override {
+        run_.stream(subject) = batch_run::stream_state{highest, true};
+    }
+    void unpark(const std::string& key) override { run_.parked_[key] = std::nullopt; }
+    bool is_parked(const std::string& key) const override { return run_.parked_value(key).has_value(); }
+
+private:
+    batch_run& run_;
+};
+
+}  // namespace detail
+
+void store::impl::run_operator(const std::function<bool(detail::operator_session&)>& fn) {
+    write_txn txn{*env};
+    detail::batch_run run{*this, txn};
+    detail::operator_run op{run};
+    if (!fn(op)) {
+        rolled_back();  // aborted by txn's destructor
+        return;
+    }
+    run.finish();
+    if (options.before_commit) options.before_commit(run.commit());
+    txn.commit();
+    ids->committed();
+    for (auto& c : contributors) c->committed();
+}
+
+void store::operate(const std::function<bool(detail::operator_session&)>& fn) {
+    if (impl_->bulk) throw_error(errc::invalid_argument, "an operator action cannot run during a bulk build");
+    impl_->until_committed([&] { impl_->run_operator(fn); });
+}
+
+}  // namespace idem

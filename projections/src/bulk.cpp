@@ -1,0 +1,82 @@
+// Bulk builds (store::begin_bulk .. end_bulk): every apply() in one write transaction, rows
+// kept in memory up to a budget and written in key order.
+
+#include "store_internal.hpp"
+
+#include <idem/storage/canonical.hpp>
+#include <idem/storage/codec.hpp>
+#include <idem/storage/crash_point.hpp>
+#include <idem/storage/duration.hpp>
+
+namespace idem {
+
+std::vector<outcome> store::impl::run_bulk(const prepared_batch& prepared, const std::optional<checkpoint>& at) {
+    auto outcomes = bulk->deliver_all(prepared.items_, at);
+    prune_steps pruned;
+    prune_in_batch(*bulk_txn, *bulk, pruned);
+    forget_pruned(pruned);  // as spill() does: abandon_bulk() rebuilds the indexes from disk
+    bulk->spill(bulk_budget);
+    return outcomes;
+}
+
+void store::impl::abandon_bulk() {
+    bulk.reset();
+    bulk_txn.reset();  // aborts
+    rolled_back();
+    open_tables();  // the id indexes learned uncommitted ids: rebuild them from disk
+}
+
+void store::begin_bulk(std::size_t memory_budget) {
+    auto& s = *impl_;
+    if (s.bulk) throw_error(errc::invalid_argument, "begin_bulk: a bulk build is already running");
+    s.bulk_txn = std::make_unique<write_txn>(*s.env);
+    try {
+        s.bulk = std::make_unique<detail::batch_run>(s, *s.bulk_txn, true);
+        s.bulk_budget = memory_budget;
+    } catch (...) {
+        s.abandon_bulk();
+        throw;
+    }
+}
+
+void store::end_bulk() {
+    auto& s = *impl_;
+    if (!s.bulk) throw_error(errc::invalid_argument, "end_bulk: no bulk build is running");
+    try {
+        s.bulk->finish();
+        if (s.options.before_commit) s.options.before_commit(s.bulk->commit());
+        crash_point("before_commit");
+        s.bulk_txn->commit();
+        crash_point("after_commit");
+    } catch (...) {
+        s.abandon_bulk();
+        throw;
+    }
+    s.ids->committed();
+    for (auto& c : s.contributors) c->committed();
+    s.bulk.reset();
+    s.bulk_txn.reset();
+}
+
+namespace detail {
+
+void batch_run::spill(std::size_t budget) {
+    // The index learns the written ids before the commit; abandon_bulk() rebuilds it from disk.
+    for (auto& c : s_.contributors) {
+        c->write(txn_);
+        c->committed();
+    }
+    s_.ids->write(txn_);
+    s_.ids->committed();
+    s_.event_ids->write(txn_);
+    write_dead_letters();
+    write_collisions();
+    if (row_bytes_ > budget) {
+        write_rows();
+        for (auto& t : rows_) t.clear();
+        row_bytes_ = 0;
+    }
+}
+
+}  // namespace detail
+}  // namespace idem

@@ -1,0 +1,309 @@
+// The on-disk layout (layout.hpp): table names, meta keys, record codecs.
+
+#include <idem/projections/layout.hpp>
+
+#include <idem/storage/error.hpp>
+#include <idem/storage/id_log.hpp>
+
+#include <algorithm>
+
+namespace idem {
+
+std::uint64_t body_digest(std::string_view bytes) noexcept {
+    std::uint64_t h = 0xcbf29ce484222325ULL;
+    for (char ch : bytes) {
+        h ^= static_cast<unsigned char>(ch);
+        h *= 0x100000001b3ULL;
+    }
+    return h;
+}
+
+std::string transport_message_id(std::string_view transport, std::string_view transport_id) {
+    if (transport.empty()) return transport_message_id(transport_id);
+    std::string out = "t";
+    out.append(std::to_string(transport.size()));
+    out.push_back(':');
+    out.append(transport);
+    out.append(transport_id);
+    return out;
+}
+
+std::pair<std::string_view, std::string_view> split_message_id(std::string_view key) {
+    if (key.starts_with("t")) {
+        const auto colon = key.find(':');
+        std::size_t n = 0;
+        const auto digits = key.substr(1, colon == std::string_view::npos ? 0 : colon - 1);
+        for (char c : digits) n = n * 10 + static_cast<std::size_t>(c - '0');
+        if (colon != std::string_view::npos && colon + 1 + n <= key.size()) {
+            return {key.substr(colon + 1, n), key.substr(colon + 1 + n)};
+        }
+    }
+    return {{}, key.empty() ? key : key.substr(1)};
+}
+
+namespace layout {
+
+namespace {
+std::string named(std::string_view prefix, std::string_view name) {
+    std::string out;
+    out.reserve(prefix.size() + name.size());
+    out.append(prefix);
+    out.append(name);
+    return out;
+}
+}  // namespace
+
+std::string stats_key(std::string_view consumer) { return named("stats/", consumer); }
+std::string clock_key(std::string_view consumer) { return named("clock/", consumer); }
+std::string contrib_floor_key(std::string_view projection) { return named("contrib-floor/", projection); }
+std::string journal_key(std::string_view projection) { return named("journal/", projection); }
+
+std::string inbox_table(std::string_view consumer) { return named("inbox/", consumer); }
+std::string rows_table(std::string_view projection) { return named("proj/", projection); }
+std::string journal_table(std::string_view projection, std::uint64_t parity) {
+    return named(parity % 2 == 0 ? "journal0/" : "journal1/", projection);
+}
+std::string contrib_table(std::string_view projection) { return named("contrib/", projection); }
+std::string streams_table(std::string_view consumer) { return named("streams/", consumer); }
+std::string parked_table(std::string_view consumer) { return named("parked/", consumer); }
+std::string dead_letter_table(std::string_view consumer) { return named("deadletter/", consumer); }
+std::string collision_table(std::string_view consumer) { return named("collision/", consumer); }
+std::string event_ids_table(std::string_view consumer) { return named("eventids/", consumer); }
+std::string audit_table(std::string_view consumer) { return named("audit/", consumer); }
+std::string checkpoint_table(std::string_view consumer) { return named("checkpoint/", consumer); }
+
+std::uint64_t u64_or_zero(std::optional<std::string_view> v) { return v && v->size() >= 8 ? codec::get_u64_le(*v) : 0; }
+
+std::string u64_value(std::uint64_t v) {
+    std::string out;
+    codec::put_u64_le(out, v);
+    return out;
+}
+
+void put_str(std::string& out, std::string_view s) {
+    codec::put_u32_le(out, static_cast<std::uint32_t>(s.size()));
+    out.append(s);
+}
+
+std::string_view take_str(std::string_view& in) {
+    if (in.size() < 4) throw_error(errc::corrupt_record, "truncated record");
+    auto n = codec::get_u32_le(in);
+    if (in.size() - 4 < n) throw_error(errc::corrupt_record, "truncated record");
+    auto s = in.substr(4, n);
+    in.remove_prefix(4 + n);
+    return s;
+}
+
+std::uint64_t take_u64(std::string_view& in) {
+    if (in.size() < 8) throw_error(errc::corrupt_record, "truncated record");
+    auto v = codec::get_u64_le(in);
+    in.remove_prefix(8);
+    return v;
+}
+
+std::uint32_t take_u32(std::string_view& in) {
+    if (in.size() < 4) throw_error(errc::corrupt_record, "truncated record");
+    auto v = codec::get_u32_le(in);
+    in.remove_prefix(4);
+    return v;
+}
+
+clock_record decode_clock(std::optional<std::string_view> v) {
+    clock_record c;
+    if (v && v->size() >= 16) {
+        c.event_time = codec::get_u64_le(*v);
+        c.inbox_floor = codec::get_u64_le(v->substr(8));
+    }
+    if (v && v->size() >= 32) {
+        c.jump_time = codec::get_u64_le(v->substr(16));
+        const auto n = codec::get_u64_le(v->substr(24));
+        for (std::size_t i = 0; i < n && v->size() >= 40 + 8 * i; ++i) {
+            c.jump_votes.push_back(codec::get_u64_le(v->substr(32 + 8 * i)));
+        }
+    }
+    return c;
+}
+
+std::string encode_clock(const clock_record& c) {
+    std::string out;
+    codec::put_u64_le(out, c.event_time);
+    codec::put_u64_le(out, c.inbox_floor);
+    codec::put_u64_le(out, c.jump_time);
+    codec::put_u64_le(out, c.jump_votes.size());
+    for (auto id : c.jump_votes) codec::put_u64_le(out, id);
+    return out;
+}
+
+consumer_stats decode_stats(std::optional<std::string_view> v) {
+    consumer_stats s;
+    if (!v || v->size() < (outcome_kinds + 2) * 8) return s;
+    for (std::size_t i = 0; i < outcome_kinds; ++i) s.outcomes[i] = codec::get_u64_le(v->substr(i * 8));
+    s.released = codec::get_u64_le(v->substr(outcome_kinds * 8));
+    s.batches = codec::get_u64_le(v->substr((outcome_kinds + 1) * 8));
+    if (v->size() >= (outcome_kinds + 6) * 8) {
+        s.late_events = codec::get_u64_le(v->substr((outcome_kinds + 2) * 8));
+        s.id_conflicts = codec::get_u64_le(v->substr((outcome_kinds + 3) * 8));
+        s.pruned_ids = codec::get_u64_le(v->substr((outcome_kinds + 4) * 8));
+        s.pruned_contributors = codec::get_u64_le(v->substr((outcome_kinds + 5) * 8));
+    }
+    if (v->size() >= (outcome_kinds + 8) * 8) {
+        s.transport_collisions = codec::get_u64_le(v->substr((outcome_kinds + 6) * 8));
+        s.future_events = codec::get_u64_le(v->substr((outcome_kinds + 7) * 8));
+    }
+    return s;
+}
+
+std::string encode_stats(const consumer_stats& s) {
+    std::string out;
+    for (auto n : s.outcomes) codec::put_u64_le(out, n);
+    codec::put_u64_le(out, s.released);
+    codec::put_u64_le(out, s.batches);
+    codec::put_u64_le(out, s.late_events);
+    codec::put_u64_le(out, s.id_conflicts);
+    codec::put_u64_le(out, s.pruned_ids);
+    codec::put_u64_le(out, s.pruned_contributors);
+    codec::put_u64_le(out, s.transport_collisions);
+    codec::put_u64_le(out, s.future_events);
+    return out;
+}
+
+std::string encode_dead_letter(reason why, std::string_view detail, std::string_view message_id,
+                               std::string_view body, std::uint64_t time_ns) {
+    const bool cut = why == reason::too_large && body.size() > dead_letter_prefix;
+    std::string out;
+    out.push_back(static_cast<char>(static_cast<unsigned>(why) | (cut ? 0x80u : 0u)));
+    codec::put_u64_le(out, time_ns);
+    put_str(out, message_id);
+    put_str(out, detail);
+    if (cut) {
+        codec::put_u64_le(out, body.size());
+        codec::put_u64_le(out, body_digest(body));
+        body = body.substr(0, dead_letter_prefix);
+    }
+    out.append(body);
+    return out;
+}
+
+dead_letter decode_dead_letter(std::uint64_t position, std::string_view v) {
+    if (v.size() < 9) throw_error(errc::corrupt_record, "truncated dead letter");
+    dead_letter d;
+    d.position = position;
+    const auto first = static_cast<unsigned char>(v[0]);
+    d.why = static_cast<reason>(first & 0x7fu);
+    d.time_ns = codec::get_u64_le(v.substr(1));
+    v.remove_prefix(9);
+    d.message_id = take_str(v);
+    d.detail = take_str(v);
+    d.body_size = v.size();
+    if ((first & 0x80u) != 0) {
+        if (v.size() < 16) throw_error(errc::corrupt_record, "truncated dead letter");
+        d.truncated = true;
+        d.body_size = codec::get_u64_le(v);
+        d.body_digest = codec::get_u64_le(v.substr(8));
+        v.remove_prefix(16);
+    }
+    d.body = v;
+    return d;
+}
+
+std::string parked_key(std::string_view subject, std::uint64_t sequence) {
+    return codec::contributor_key(subject, codec::u64_key(sequence));
+}
+
+std::optional<std::pair<std::string, std::uint64_t>> decode_parked_key(std::string_view key) {
+    auto k = codec::decode_table_key(key);
+    if (!k || k->effect.size() != 8) return std::nullopt;
+    return std::pair{std::move(k->aggregate), codec::get_u64_be(k->effect)};
+}
+
+std::string encode_parked(std::string_view message_id, std::string_view body) {
+    std::string out;
+    out.reserve(4 + message_id.size() + body.size());
+    put_str(out, message_id);
+    out.append(body);
+    return out;
+}
+
+std::pair<std::string_view, std::string_view> decode_parked(std::string_view v) {
+    auto message_id = take_str(v);
+    return {message_id, v};
+}
+
+std::string encode_checkpoint(std::uint64_t position, std::string_view detail) {
+    std::string out;
+    codec::put_u64_le(out, position);
+    out.append(detail);
+    return out;
+}
+
+std::string encode_action(const operator_action& a) {
+    std::string out;
+    codec::put_u64_le(out, a.time_ns);
+    codec::put_u64_le(out, a.commit);
+    put_str(out, a.action);
+    put_str(out, a.stream);
+    put_str(out, a.note);
+    put_str(out, a.summary);
+    codec::put_u32_le(out, static_cast<std::uint32_t>(a.skipped.size()));
+    for (const auto& r : a.skipped) {
+        codec::put_u64_le(out, r.from);
+        codec::put_u64_le(out, r.to);
+    }
+    codec::put_u32_le(out, static_cast<std::uint32_t>(a.sequences.size()));
+    for (auto s : a.sequences) codec::put_u64_le(out, s);
+    return out;
+}
+
+operator_action decode_action(std::uint64_t position, std::string_view v) {
+    operator_action a;
+    a.position = position;
+    a.time_ns = take_u64(v);
+    a.commit = take_u64(v);
+    a.action = take_str(v);
+    a.stream = take_str(v);
+    a.note = take_str(v);
+    a.summary = take_str(v);
+    for (auto n = take_u32(v); n != 0; --n) {
+        sequence_range r;
+        r.from = take_u64(v);
+        r.to = take_u64(v);
+        a.skipped.push_back(r);
+    }
+    for (auto n = take_u32(v); n != 0; --n) a.sequences.push_back(take_u64(v));
+    return a;
+}
+
+std::optional<inbox_entry> decode_inbox_entry(std::string_view v) {
+    if (v.size() < inbox_header) return std::nullopt;
+    inbox_entry e;
+    e.record.stamp = codec::get_u64_le(v);
+    e.record.fingerprint = codec::get_u64_le(v.substr(8));
+    const auto word = codec::get_u64_le(v.substr(16));
+    e.record.commit = word >> 8;
+    e.record.outcome = static_cast<outcome_kind>(word & 0xff);
+    e.message_id = v.substr(inbox_header);
+    return e;
+}
+
+std::uint64_t event_identity(std::string_view event_id) { return id_log::hash_of(event_id) | 1; }
+
+std::string truncate(std::string_view s, std::size_t n) {
+    if (s.size() <= n) return std::string(s);
+    return std::string(s.substr(0, n)) + "...";
+}
+
+std::string describe_message_id(std::string_view key) {
+    if (key.starts_with("t")) {
+        const auto colon = key.find(':');
+        std::size_t n = 0;
+        for (char c : key.substr(1, colon - 1)) n = n * 10 + static_cast<std::size_t>(c - '0');
+        if (colon != std::string_view::npos && colon + 1 + n <= key.size()) {
+            return "'" + truncate(key.substr(colon + 1 + n)) + "' of transport '" + truncate(key.substr(colon + 1, n)) +
+                   "'";
+        }
+    }
+    return "'" + truncate(key.substr(std::min<std::size_t>(1, key.size()))) + "'";
+}
+
+}  // namespace layout
+}  // namespace idem

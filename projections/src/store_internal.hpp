@@ -1,0 +1,301 @@
+#pragma once
+
+// What the store's units share: the consumer's open tables (store::impl), a prepared delivery
+// (prepared_batch::item), and one batch's run (detail::batch_run). Not installed.
+//
+// The units, one job each:
+//   consumer_tables.cpp  opening the environment and the consumer's and projections' tables
+//   prepare.cpp          the writer-independent half of apply(): parse, decode, keys
+//   batch_run.cpp        one batch, top-down: deliver all -> deliver -> process -> apply
+//                        projections -> finish (the idempotency argument, in reading order)
+//   retention.cpp        pruning the inbox and the contributing sets
+//   bulk.cpp             bulk builds: one transaction across apply() calls
+//   snapshot.cpp         the reader
+//   layout.cpp           every table name, meta key and record codec
+
+#include <idem/projections/layout.hpp>
+#include <idem/projections/store.hpp>
+
+#include "event_ids.hpp"
+#include "operator_session.hpp"
+#include "row_journal.hpp"
+
+#include <idem/storage/error.hpp>
+#include <idem/storage/id_log.hpp>
+#include <idem/storage/slot_index.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+namespace idem {
+
+namespace detail {
+class batch_run;
+}  // namespace detail
+
+/// One delivery, parsed and decoded ahead of the writer.
+struct prepared_batch::item {
+    /// What one projection makes of the event: its decoded payload and rows, or why not.
+    struct part {
+        std::size_t projection = 0;
+        const projection_base::handler* handler = nullptr;
+        std::shared_ptr<const void> decoded;
+        std::vector<std::string> keys;          // sorted, unique, non-empty
+        std::vector<std::string> contributors;  // per key: the contributing-set entry (row + effect key)
+        std::vector<std::uint64_t> contributor_hashes;  // per key: id_log::hash_of(contributor)
+        std::vector<std::uint64_t> key_hashes;          // per key: its hash in the batch's row table
+        std::optional<std::string> effect;
+        reason failed = reason::none;  // decode_failed, handler_failed (a key function), missing_key
+        std::string detail;
+    };
+    std::string body;
+    std::string transport_id;
+    std::string transport;   // the transport the id belongs to
+    std::uint64_t line = 0;  // where it was read from a log (0: not from a log)
+    std::uint64_t offset = 0;
+    std::string message_id;  // the inbox key (set when the envelope parsed)
+    std::uint64_t message_hash = 0;  // id_log::hash_of(message_id)
+    std::uint64_t subject_hash = 0;  // the subject's hash in the batch's stream table
+    std::optional<std::uint64_t> time_ns;  // the event time, if it has one that parses
+    std::uint64_t fingerprint = 0;         // of the decoded content (or of the bytes, when malformed)
+    std::uint64_t identity = 0;            // of the event id (0: malformed, no event id)
+    parse_error err;  // err.why != none: the envelope is rejected as a whole
+    envelope ev;
+    std::vector<part> parts;  // per projection handling ev.type, in the order projections were added
+};
+
+/// The consumer's open tables and indexes, and the store's state between batches.
+struct store::impl {
+    impl();
+    ~impl();
+    store_options options;
+    std::shared_ptr<environment> env;
+    MDB_dbi meta = 0;
+    MDB_dbi streams = 0;
+    MDB_dbi parked = 0;
+    MDB_dbi dead = 0;
+    MDB_dbi checkpoints = 0;
+    MDB_dbi collisions = 0;
+    std::unique_ptr<id_log> ids;                      // the inbox
+    std::unique_ptr<detail::event_id_log> event_ids;  // event ids of deliveries under transport ids
+    std::vector<std::unique_ptr<projection_base>> projections;
+    std::vector<MDB_dbi> tables;
+    std::vector<std::unique_ptr<id_log>> contributors;           // per projection: row + effect key pairs
+    std::vector<std::unique_ptr<detail::row_journal>> journals;  // per projection: rows not yet folded in
+    envelope_parser parser;
+
+    // A bulk build (begin_bulk .. end_bulk): one transaction and one batch_run across apply() calls.
+    std::unique_ptr<write_txn> bulk_txn;
+    std::unique_ptr<detail::batch_run> bulk;
+    std::size_t bulk_budget = 0;
+
+    // consumer_tables.cpp
+    /// Opens the environment's meta table and checks (or writes) the storage format.
+    void open_meta();
+    /// Opens the consumer's tables and every projection's; all or nothing.
+    void open_tables();
+    /// Opens one projection's tables (add()).
+    void open_projection(const projection_base& p);
+    /// Drops what the indexes staged for an aborted transaction.
+    void rolled_back();
+    /// The wall clock (retention_options::now, else the system clock), ns since the Unix epoch.
+    std::uint64_t wall_now() const;
+
+    // batch_run.cpp
+    /// Runs fn (one write transaction) until it commits: after map_full the transaction is gone
+    /// (aborted by unwinding), so the map grows with none of ours live (throwing map_full at the
+    /// limit) and fn runs again from the start; any other failure is rethrown.
+    template <class F>
+    auto until_committed(F&& fn) {
+        for (;;) {
+            try {
+                return fn();
+            } catch (const std::system_error& e) {
+                rolled_back();
+                if (e.code() != errc::map_full) throw;
+            } catch (...) {
+                rolled_back();
+                throw;
+            }
+            env->grow();
+        }
+    }
+    std::vector<outcome> run(const prepared_batch& batch, const std::optional<checkpoint>& at);
+    void run_operator(const std::function<bool(detail::operator_session&)>& fn);
+
+    // retention.cpp
+    using prune_steps = std::vector<std::pair<std::size_t, id_log::prune_step>>;  // SIZE_MAX: the inbox
+    prune_result prune_step(write_txn& txn, const prune_limits& limits, layout::clock_record clock,
+                            consumer_stats& stats, prune_steps& steps);
+    prune_result prune_run(write_txn& txn, const prune_limits& limits, detail::batch_run& run, prune_steps& steps);
+    void prune_in_batch(write_txn& txn, detail::batch_run& run, prune_steps& steps);
+    /// The removed entries are gone for good: the indexes drop them (after the commit).
+    void forget_pruned(const prune_steps& steps);
+    bool retaining() const noexcept {
+        return options.retention.inbox_retention.has_value() || options.retention.allowed_lateness.has_value();
+    }
+
+    // bulk.cpp
+    std::vector<outcome> run_bulk(const prepared_batch& batch, const std::optional<checkpoint>& at);
+    void abandon_bulk();
+};
+
+namespace detail {
+
+using part = prepared_batch::item::part;
+
+/// Decodes the event for every projection handling its type and runs the key functions (prepare.cpp).
+void prepare_parts(const store::impl& s, const envelope& ev, std::vector<part>& parts);
+
+/// Returns a duration's nanoseconds, 0 if not positive.
+inline std::uint64_t count_ns(std::chrono::nanoseconds d) {
+    return d.count() > 0 ? static_cast<std::uint64_t>(d.count()) : 0;
+}
+
+/// Strings to V with one hash per lookup and references that stay valid as it grows: the
+/// entries live in a deque, a slot_index finds them.
+template <class V>
+class string_table {
+public:
+    struct entry {
+        std::string key;
+        std::uint64_t hash = 0;
+        V value{};
+    };
+
+    /// Returns the hash try_emplace uses for key.
+    static std::uint64_t hash_of(std::string_view key) noexcept { return std::hash<std::string_view>{}(key); }
+    /// Returns the entry for key, inserting a default value if absent; and whether it was inserted.
+    std::pair<entry*, bool> try_emplace(std::string_view key) { return try_emplace(key, hash_of(key)); }
+    /// The same with key's hash computed ahead.
+    std::pair<entry*, bool> try_emplace(std::string_view key, std::uint64_t hash) {
+        const auto k = slots_.probe(hash, [&](std::size_t i) { return entries_[i].hash == hash && entries_[i].key == key; });
+        if (k != slot_index::npos) return {&entries_[k], false};
+        slots_.insert(entries_.size(), hash, [&](std::size_t i) { return entries_[i].hash; });
+        auto& e = entries_.emplace_back();
+        e.key.assign(key);
+        e.hash = hash;
+        return {&e, true};
+    }
+    void clear() {
+        entries_.clear();
+        slots_.clear();
+    }
+    /// Asks the CPU to bring hash's slot, and the entry it holds now, into cache.
+    void prefetch(std::uint64_t hash) const noexcept {
+        if (const auto k = slots_.first(hash); k != slot_index::npos) __builtin_prefetch(&entries_[k]);
+    }
+    std::deque<entry>& entries() noexcept { return entries_; }
+
+private:
+    std::deque<entry> entries_;
+    slot_index slots_;
+};
+
+/// The state of one batch while it is being applied; written out at the end, in key order
+/// (batch_run.cpp; spill() in bulk.cpp).
+class batch_run {
+    friend class operator_run;
+
+public:
+    /// Starts on a fresh write transaction: catches the id indexes up with other writers and
+    /// reads the consumer's counters and the number this batch will commit as.
+    /// A bulk build writes rows straight into the row tables (it folds the journals in first).
+    batch_run(store::impl& s, write_txn& txn, bool bulk = false);
+
+    /// Applies deliveries in order and returns their outcomes; at, if given, is where they were
+    /// read from (dead letters name it) and becomes the source's checkpoint at finish().
+    std::vector<outcome> deliver_all(const std::vector<prepared_batch::item>& batch,
+                                     const std::optional<checkpoint>& at);
+    /// Returns the commit number the batch's outcomes carry.
+    std::uint64_t commit() const noexcept { return commit_; }
+    /// Writes everything the batch holds into the transaction (the caller commits).
+    void finish();
+    /// Bulk builds: writes what the batch holds so far (ids, effect keys, dead letters) into the
+    /// transaction, and the rows too when they exceed budget bytes (then forgets them).
+    void spill(std::size_t budget);
+
+    consumer_stats stats;
+    /// The consumer's retention clock as this batch has moved it (prune steps in a bulk build read it).
+    const layout::clock_record& clock() const noexcept { return clock_; }
+    void set_inbox_floor(std::uint64_t floor) noexcept { clock_.inbox_floor = std::max(clock_.inbox_floor, floor); }
+    void set_contrib_floor(std::size_t p, std::uint64_t floor) {
+        if (p < contrib_floors_.size()) contrib_floors_[p] = std::max(contrib_floors_[p], floor);
+    }
+
+private:
+    struct row_slot {
+        codec::row_header header;
+        std::unique_ptr<detail::state_box> state;
+        bool dirty = false;
+    };
+    struct staged_change {
+        std::size_t projection;
+        row_slot* slot;
+        std::unique_ptr<detail::state_box> state;
+        const std::string* contributor;
+        std::uint64_t contributor_hash;
+        bool own_stream;
+    };
+    struct stream_state {
+        std::uint64_t highest = 0;
+        bool dirty = false;
+    };
+
+    // In the order a delivery meets them.
+    void prefetch(const prepared_batch::item& d) const noexcept;
+    outcome deliver(const prepared_batch::item& d);
+    outcome process(const envelope& ev, std::optional<std::uint64_t> time, std::string_view message_id,
+                    std::string_view body, const std::vector<part>& parts);
+    outcome apply_projections(const envelope& ev, std::string_view message_id, std::string_view body,
+                              const std::vector<part>* parts);
+    void release_parked(const std::string& subject);
+    // The guards.
+    bool ahead(std::uint64_t time, std::uint64_t identity);
+    bool future_guarded() const;
+    outcome future_event(const envelope& ev, std::uint64_t time, std::string_view message_id, std::string_view body);
+    std::optional<outcome> late(const envelope& ev, std::optional<std::uint64_t> time, std::string_view message_id,
+                                std::string_view body, const std::vector<part>& parts);
+    bool holds(std::size_t p, const std::string& contributor, std::uint64_t hash) const;
+    outcome dead(reason why, std::string detail, std::string_view message_id, std::string_view body);
+    // What the batch reads through its own state.
+    row_slot& load_row(std::size_t p, const std::string& key, std::uint64_t hash);
+    stream_state& stream(const std::string& subject);
+    std::optional<std::string> parked_value(const std::string& key) const;
+    // What finish() and spill() write.
+    void write_rows();
+    void write_dead_letters();
+    void write_collisions();
+
+    store::impl& s_;
+    write_txn& txn_;
+    bool bulk_ = false;
+    std::uint64_t time_ns_ = s_.wall_now();
+    layout::clock_record clock_;                 // the consumer's event time and inbox floor
+    std::uint64_t clock_before_ = 0;             // the event time before the delivery being applied
+    bool future_ = false;                        // the delivery being applied is too far ahead of it
+    std::vector<std::uint64_t> contrib_floors_;  // per projection: its contributing sets were pruned below this
+    std::deque<string_table<row_slot>> rows_;    // per projection: the rows this batch touched
+    string_table<stream_state> streams_;
+    bool parked_possible_ = false;  // the parked table or this batch holds an event: release_parked must look
+    std::map<std::string, std::optional<std::string>> parked_;  // nullopt: deleted in this batch
+    std::vector<std::string> dead_letters_;
+    std::vector<std::string> collisions_;  // transport collisions seen, encoded as dead letters are
+    std::size_t row_bytes_ = 0;            // an estimate of the memory rows_ holds
+    const prepared_batch::item* current_ = nullptr;  // the delivery being applied (null: a released parked event)
+    std::string source_;                              // where the batch was read from, if from a log
+    std::map<std::string, std::string> checkpoints_;  // source -> stored value, written at finish()
+    std::uint64_t commit_ = 1;
+};
+
+}  // namespace detail
+}  // namespace idem
