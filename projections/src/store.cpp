@@ -10,6 +10,7 @@
 #include <idem/storage/duration.hpp>
 #include <idem/storage/codec.hpp>
 #include <idem/storage/id_log.hpp>
+#include <idem/storage/log_position.hpp>
 
 #include <algorithm>
 #include <utility>
@@ -662,9 +663,10 @@ private:
 };
 
 outcome batch_run::dead(reason why, std::string detail, std::string_view message_id, std::string_view body) {
-    if (current_ != nullptr && std::string_view(source_).starts_with("log:")) {
+    const auto log_path = log_source_path(source_);
+    if (current_ != nullptr && log_path) {
         // Read from a log: say where (path:line, or the byte offset once resumed mid-file).
-        const auto path = std::string_view(source_).substr(4);
+        const auto path = *log_path;
         detail = current_->line != 0 ? std::string(path) + ":" + std::to_string(current_->line) + " (byte offset " +
                                            std::to_string(current_->offset) + "): " + detail
                                      : std::string(path) + " at byte offset " + std::to_string(current_->offset) +

@@ -4,7 +4,9 @@
 #include "map_fault.hpp"
 #include "store_check.hpp"
 
-#include <idem/engine/offline.hpp>
+#include <idem/sources/compare.hpp>
+#include <idem/sources/consume.hpp>
+#include <idem/sources/rebuild.hpp>
 #include <idem/storage/duration.hpp>
 #include <idem/storage/error.hpp>
 #include <idem/storage/event_log.hpp>
@@ -514,7 +516,7 @@ void tool::impl::add_builtin_commands() {
                 out += "{\"source\":";
                 append_json_string(out, source);
                 append_kv(out, "position", position);
-                if (source.starts_with("log:")) append_log_lag(out, source.substr(4), snap.checkpoint_value(consumer, source));
+                if (auto log = log_source_path(source)) append_log_lag(out, *log, snap.checkpoint_value(consumer, source));
                 out.push_back('}');
             }
             out += "],\"projections\":{";
