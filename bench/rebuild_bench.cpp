@@ -8,7 +8,7 @@
 // positions, SHARE of them redelivered later. Each measured run is a child process, so its
 // peak memory (ru_maxrss) is its own. Prints medians and ratios.
 
-#include <idem/engine/offline.hpp>
+#include <idem/sources/rebuild.hpp>
 #include <idem/examples/domains.hpp>
 #include <idem/examples/gen.hpp>
 #include <idem/projections/layout.hpp>

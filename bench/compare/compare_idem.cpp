@@ -14,7 +14,7 @@
 
 #include "compare.hpp"
 
-#include <idem/engine/offline.hpp>
+#include <idem/sources/rebuild.hpp>
 #include <idem/idem.hpp>
 
 #include <boost/asio/co_spawn.hpp>

@@ -18,6 +18,7 @@
 
 #include <idem/storage/canonical.hpp>
 #include <idem/storage/codec.hpp>
+#include <idem/storage/log_position.hpp>
 #include <idem/storage/crash_point.hpp>
 #include <idem/storage/duration.hpp>
 
@@ -422,9 +423,10 @@ bool batch_run::holds(std::size_t p, const std::string& contributor, std::uint64
 }
 
 outcome batch_run::dead(reason why, std::string detail, std::string_view message_id, std::string_view body) {
-    if (current_ != nullptr && std::string_view(source_).starts_with("log:")) {
+    const auto log_path = log_source_path(source_);
+    if (current_ != nullptr && log_path) {
         // Read from a log: say where (path:line, or the byte offset once resumed mid-file).
-        const auto path = std::string_view(source_).substr(4);
+        const auto path = *log_path;
         detail = current_->line != 0 ? std::string(path) + ":" + std::to_string(current_->line) + " (byte offset " +
                                            std::to_string(current_->offset) + "): " + detail
                                      : std::string(path) + " at byte offset " + std::to_string(current_->offset) +

@@ -14,6 +14,22 @@
 #include <unistd.h>
 
 namespace idem {
+
+namespace {
+
+constexpr std::string_view log_prefix = "log:";
+
+}  // namespace
+
+std::string log_source(const std::filesystem::path& log) {
+    return std::string(log_prefix) + std::filesystem::absolute(log).lexically_normal().string();
+}
+
+std::optional<std::string_view> log_source_path(std::string_view source) noexcept {
+    if (!source.starts_with(log_prefix)) return std::nullopt;
+    return source.substr(log_prefix.size());
+}
+
 namespace {
 
 constexpr std::uint8_t value_version = 1;

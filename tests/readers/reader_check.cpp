@@ -22,6 +22,7 @@
 #include <idem/projections/store.hpp>
 #include <idem/storage/error.hpp>
 #include <idem/storage/lmdb.hpp>
+#include <idem/storage/log_position.hpp>
 
 #include <fcntl.h>
 #include <signal.h>
@@ -348,7 +349,7 @@ int run_checks(const check_options& o) {
     ::sigaction(SIGTERM, &sa, nullptr);
     ::sigaction(SIGINT, &sa, nullptr);
 
-    const std::string source = "log:" + std::filesystem::absolute(o.log).lexically_normal().string();
+    const std::string source = idem::log_source(o.log);
     log_records log =
         o.records_before ? log_records{o.log, o.min_checkpoint, *o.records_before} : log_records{o.log, 0, 0};
     std::mt19937_64 rng{o.seed != 0 ? o.seed : static_cast<std::uint64_t>(::getpid())};

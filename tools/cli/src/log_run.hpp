@@ -6,7 +6,9 @@
 #include "commands.hpp"
 #include "json_writer.hpp"
 
-#include <idem/engine/offline.hpp>
+#include <idem/sources/compare.hpp>
+#include <idem/sources/consume.hpp>
+#include <idem/sources/rebuild.hpp>
 
 #include <chrono>
 #include <string>

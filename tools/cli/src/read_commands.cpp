@@ -8,6 +8,7 @@
 #include "text.hpp"
 
 #include <idem/storage/event_log.hpp>
+#include <idem/storage/log_position.hpp>
 
 #include <cstdio>
 
@@ -104,8 +105,8 @@ int stats(const tool_context& t, const arguments& a) {
     w.key("checkpoints").begin_array();
     for (const auto& [source, position] : snap.checkpoints(t.consumer)) {
         w.begin_object().field("source", source).field("position", position);
-        if (source.starts_with("log:")) {
-            write_log_lag(w, source.substr(4), snap.checkpoint_value(t.consumer, source));
+        if (const auto path = log_source_path(source)) {
+            write_log_lag(w, *path, snap.checkpoint_value(t.consumer, source));
         }
         w.end_object();
     }

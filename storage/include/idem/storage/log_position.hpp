@@ -21,6 +21,13 @@
 
 namespace idem {
 
+/// Returns the checkpoint source name of a log file: "log:" and its absolute, normalized path.
+/// Its checkpoint value is a log_position.
+std::string log_source(const std::filesystem::path& log);
+
+/// Returns the path a log's checkpoint source name holds, or nullopt for a source that is not a log.
+std::optional<std::string_view> log_source_path(std::string_view source) noexcept;
+
 /// Which file: its device and inode.
 struct file_identity {
     std::uint64_t device = 0;

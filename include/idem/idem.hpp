@@ -9,4 +9,6 @@
 #include <idem/storage/event_log.hpp>
 #include <idem/storage/lmdb.hpp>
 #include <idem/engine/engine.hpp>
-#include <idem/engine/offline.hpp>
+#include <idem/sources/compare.hpp>
+#include <idem/sources/consume.hpp>
+#include <idem/sources/rebuild.hpp>

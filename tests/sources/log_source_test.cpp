@@ -1,8 +1,10 @@
-// The offline paths over event logs: a consume that fails half way resumes exactly after
-// its last commit, a failed rebuild leaves the target as it was, and both agree with a
-// plain batch-by-batch apply of the same records.
+// The event-log source: a consume that fails half way resumes exactly after its last
+// commit, a failed rebuild leaves the target as it was, and both agree with a plain
+// batch-by-batch apply of the same records (compared row by row).
 
-#include <idem/engine/offline.hpp>
+#include <idem/sources/compare.hpp>
+#include <idem/sources/consume.hpp>
+#include <idem/sources/rebuild.hpp>
 
 #include "../projections/fixtures.hpp"
 

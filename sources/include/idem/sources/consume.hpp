@@ -1,0 +1,40 @@
+#pragma once
+
+// A live, resumable consumer of event-log files.
+//
+//   idem::consume_options o;
+//   o.store.path = "data";
+//   o.store.consumer = "positions-projector";
+//   o.logs = {"fills.jsonl"};
+//   o.follow = true;
+//   o.setup = [](idem::store& s) { s.add(positions()); };
+//   auto result = idem::consume(o);   // resumes after the last commit of an earlier run
+
+#include <idem/sources/log_source.hpp>
+
+#include <chrono>
+
+namespace idem {
+
+/// Options of a live, resumable consumer of log files.
+struct consume_options : log_run_options {
+    bool follow = false;                            ///< keep tailing the last log for appended records
+    /// Read a log that changed under its checkpoint (truncated, rewritten, replaced) again from
+    /// offset 0 instead of failing with errc::log_changed; the inbox recognizes what was applied.
+    bool restart_changed_logs = false;
+    std::chrono::milliseconds poll{100};            ///< how often a followed log is checked for new records
+};
+
+/// Applies the logs to options.store.path, each batch with its log's position (byte offset,
+/// file identity, digest of the bytes before it: log_position) as the checkpoint in the same
+/// transaction; a rerun resumes exactly after the last commit. A rotated log is finished in
+/// its old file, then read in its new one; a log truncated or rewritten under its checkpoint
+/// throws errc::log_changed naming it (unless restart_changed_logs). A last record without its
+/// end (a writer mid-append) is left for a later run and reported in the result's `torn`.
+/// options.stop is checked after every batch.
+log_run_result consume(const consume_options& options);
+
+/// Returns after minus before, counter by counter (what a run added).
+consumer_stats difference(const consumer_stats& after, const consumer_stats& before);
+
+}  // namespace idem

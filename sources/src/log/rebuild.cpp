@@ -1,0 +1,159 @@
+// An offline rebuild: a bulk build of the logs into a fresh environment beside the target,
+// one sync, then one atomic swap of the two directories.
+
+#include <idem/sources/rebuild.hpp>
+
+#include "log_run.hpp"
+
+#include <idem/storage/crash_point.hpp>
+#include <idem/storage/error.hpp>
+#include <idem/storage/store_dir.hpp>
+#include <idem/storage/writer_lock.hpp>
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+
+namespace idem {
+
+namespace {
+
+void fsync_dir(const std::filesystem::path& dir) {
+    int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) throw std::system_error(errno, std::system_category(), "cannot open directory " + dir.string());
+    int rc = ::fsync(fd);
+    int saved = errno;
+    ::close(fd);
+    if (rc != 0) throw std::system_error(saved, std::system_category(), "cannot sync directory " + dir.string());
+}
+
+// Whether path starts with an LMDB meta page: a 16-byte page header, then the magic 0xBEEFC0DE
+// (in the writing machine's byte order). An empty file is an environment never written yet.
+bool lmdb_file(const std::filesystem::path& path) {
+    std::FILE* f = std::fopen(path.c_str(), "rb");
+    if (f == nullptr) return false;
+    unsigned char head[20] = {};
+    const auto n = std::fread(head, 1, sizeof head, f);
+    std::fclose(f);
+    if (n == 0) return true;
+    if (n < sizeof head) return false;
+    const bool little = head[16] == 0xde && head[17] == 0xc0 && head[18] == 0xef && head[19] == 0xbe;
+    const bool big = head[16] == 0xbe && head[17] == 0xef && head[18] == 0xc0 && head[19] == 0xde;
+    return little || big;
+}
+
+// Refuses a target that is not a store's directory: the rebuild replaces it and deletes the old one.
+void check_rebuild_target(const std::filesystem::path& target) {
+    if (!std::filesystem::exists(target)) return;
+    if (!std::filesystem::is_directory(target)) {
+        throw_error(errc::invalid_argument, target.string() + ": exists and is not a directory");
+    }
+    if (auto other = foreign_files(target); !other.empty()) {
+        std::string names;
+        for (std::size_t i = 0; i < other.size() && i < 5; ++i) names += (i ? ", " : "") + other[i];
+        if (other.size() > 5) names += ", ...";
+        throw_error(errc::invalid_argument,
+                    target.string() + ": holds files that are not part of an idem store (" + names +
+                        "); a rebuild replaces the whole directory, so it is refused: give the store a "
+                        "directory of its own");
+    }
+    if (std::filesystem::exists(target / "data.mdb") && !lmdb_file(target / "data.mdb")) {
+        throw_error(errc::invalid_argument, target.string() +
+                                                ": its data.mdb is not an LMDB file (no LMDB meta page); "
+                                                "not replacing it");
+    }
+}
+
+}  // namespace
+
+std::filesystem::path normalized_dir(const std::filesystem::path& dir) {
+    auto p = std::filesystem::absolute(dir).lexically_normal();
+    if (!p.has_filename()) p = p.parent_path();  // "data/" names "data"
+    return p;
+}
+
+log_run_result build(const rebuild_options& options) {
+    const auto& dir = options.store.path;
+    if (std::filesystem::exists(dir) && !std::filesystem::is_empty(dir)) {
+        throw_error(errc::invalid_argument, dir.string() + ": a build needs a new, empty directory");
+    }
+    for (const auto& log : options.logs) {
+        if (!std::filesystem::exists(log)) {
+            throw std::system_error(ENOENT, std::system_category(), log.string() + ": cannot read the log");
+        }
+    }
+    auto so = options.store;
+    so.sync = durability::none;  // one sync at the end instead of one per batch
+    // A bulk build cannot grow the map half way: reserve address space for the logs' content
+    // several times over (the file only grows as it is written).
+    std::uint64_t log_bytes = 0;
+    for (const auto& log : options.logs) log_bytes += detail::file_size_or_zero(log);
+    so.map_size = std::min<std::size_t>(so.max_map_size, std::max<std::size_t>(so.map_size, 8 * log_bytes));
+    log_run_result result;
+    {
+        store s{so};
+        if (options.setup) options.setup(s);
+        s.begin_bulk(options.memory_budget);
+        detail::log_run run{s, options};
+        result = run.run(false, false, {}, options.stop);
+        if (options.stop != nullptr && options.stop->load()) {
+            throw std::system_error(std::make_error_code(std::errc::operation_canceled),
+                                    "stopped before the build was complete; nothing was replaced");
+        }
+        s.end_bulk();
+        result.stats = s.read().stats(so.consumer);
+        result.run = result.stats;  // a build starts from nothing
+        s.env()->sync(true);
+    }
+    fsync_dir(normalized_dir(dir).parent_path());
+    return result;
+}
+
+log_run_result rebuild(const rebuild_options& options) {
+    const auto target = normalized_dir(options.store.path);
+    if (target == target.root_path()) throw_error(errc::invalid_argument, "rebuild: no target directory given");
+    check_rebuild_target(target);
+    std::error_code ec;
+    const bool created = !std::filesystem::exists(target);
+    std::filesystem::create_directories(target, ec);
+    if (ec) throw std::system_error(ec, "cannot create " + target.string());
+    // The target's writer lock for the whole rebuild: no consumer writes into the store being
+    // replaced, and no other rebuild deletes this one's half-built environment. It is held
+    // through the swap; a writer that waited for it then finds the new store at the path.
+    writer_lock lock{target, options.store.wait_for_writer};
+    check_rebuild_target(target);  // again, now that nobody else writes there
+    auto fresh = target;
+    fresh += ".rebuild";
+    remove_store_dir(fresh);  // left by a rebuild that was killed: start over
+    auto legacy_lock = target;
+    legacy_lock += ".rebuild.lock";  // the rebuild lock of earlier versions
+    std::filesystem::remove(legacy_lock, ec);
+
+    auto o = options;
+    o.store.path = fresh;
+    log_run_result result;
+    try {
+        result = build(o);
+    } catch (...) {
+        std::filesystem::remove_all(fresh, ec);  // the target was not touched; leave nothing beside it
+        if (created) std::filesystem::remove_all(target, ec);  // holds just the lock this run made
+        throw;
+    }
+
+    // Swap in one rename: the target is the old or the new environment, never a mix.
+    crash_point("during_swap");
+    if (::renameat2(AT_FDCWD, fresh.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) != 0) {
+        const int e = errno;
+        std::filesystem::remove_all(fresh, ec);
+        throw std::system_error(e, std::system_category(), "cannot swap " + fresh.string() + " into " + target.string());
+    }
+    fsync_dir(target.parent_path());
+    crash_point("after_swap");
+    remove_store_dir(fresh);  // now the previous environment
+    return result;
+}
+
+}  // namespace idem
