@@ -35,7 +35,4 @@ std::vector<command> operator_commands(std::function<tool_context()> context);
 /// Throws the ENOENT system_error every read command gives for a directory without a store.
 void require_store(const std::filesystem::path& db);
 
-/// Returns ns since the epoch as RFC 3339 UTC ("-" for 0).
-std::string utc_text(std::uint64_t ns);
-
 }  // namespace idem::cli::detail

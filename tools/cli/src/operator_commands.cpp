@@ -5,6 +5,7 @@
 
 #include "commands.hpp"
 
+#include <idem/storage/duration.hpp>
 #include <idem/storage/envelope.hpp>
 
 #include <cstdio>
@@ -86,7 +87,7 @@ int parked(const tool_context& t, const arguments& a) {
         out += ",\"parked\":" + std::to_string(s.sequences.size());
         out += ",\"sequences\":" + u64s(s.sequences);
         out += ",\"oldest_parked_ns\":" + std::to_string(s.oldest_ns) + ",\"oldest_parked\":";
-        append_json_string(out, utc_text(s.oldest_ns));
+        append_json_string(out, format_utc(s.oldest_ns));
         out += "}\n";
         events += s.sequences.size();
     }
@@ -185,7 +186,7 @@ int audit(const tool_context& t, const arguments& a) {
     std::string out;
     for (const auto& x : snap.operator_actions(t.consumer)) {
         out += "{\"position\":" + std::to_string(x.position) + ",\"time_ns\":" + std::to_string(x.time_ns) + ",\"time\":";
-        append_json_string(out, utc_text(x.time_ns));
+        append_json_string(out, format_utc(x.time_ns));
         out += ",\"commit\":" + std::to_string(x.commit) + ",\"action\":";
         append_json_string(out, x.action);
         out += ",\"stream\":";

@@ -19,7 +19,6 @@
 #include <atomic>
 #include <cinttypes>
 #include <cstdio>
-#include <ctime>
 #include <iostream>
 
 namespace idem::cli {
@@ -276,16 +275,6 @@ void retention_from(const arguments& a, store_options& o) {
     }
 }
 
-std::string time_text(std::uint64_t ns) {
-    if (ns == 0) return "-";
-    auto t = static_cast<std::time_t>(ns / 1'000'000'000);
-    std::tm tm{};
-    ::gmtime_r(&t, &tm);
-    char buf[64];
-    std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-    return buf;
-}
-
 }  // namespace
 
 struct tool::impl {
@@ -488,7 +477,7 @@ void tool::impl::add_builtin_commands() {
             out += ",\"retention\":{";
             append_kv(out, "event_time_ns", r.event_time, false);
             out += ",\"event_time\":";
-            append_json_string(out, time_text(r.event_time));
+            append_json_string(out, format_utc(r.event_time));
             append_kv(out, "oldest_id_ns", r.oldest.value_or(0));
             // Ages are measured on the consumer's event time (the clock the command line stamps ids by).
             append_kv(out, "oldest_id_age_s", r.oldest && r.event_time > *r.oldest ? (r.event_time - *r.oldest) / 1'000'000'000 : 0);

@@ -1,10 +1,10 @@
 #include "commands.hpp"
 
+#include <idem/storage/duration.hpp>
 #include <idem/projections/explain.hpp>
 #include <idem/storage/envelope.hpp>
 
 #include <cstdio>
-#include <ctime>
 
 namespace idem::cli::detail {
 
@@ -12,16 +12,6 @@ void require_store(const std::filesystem::path& db) {
     if (!std::filesystem::exists(db / "data.mdb")) {
         throw std::system_error(ENOENT, std::system_category(), db.string() + ": no idem environment here");
     }
-}
-
-std::string utc_text(std::uint64_t ns) {
-    if (ns == 0) return "-";
-    auto t = static_cast<std::time_t>(ns / 1'000'000'000);
-    std::tm tm{};
-    ::gmtime_r(&t, &tm);
-    char buf[64];
-    std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-    return buf;
 }
 
 int why(const tool_context& t, const arguments& a) {
