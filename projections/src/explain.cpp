@@ -1,24 +1,14 @@
 #include <idem/projections/explain.hpp>
 
+#include <idem/storage/duration.hpp>
 #include <idem/storage/envelope.hpp>
 #include <idem/storage/error.hpp>
 
 #include <algorithm>
-#include <ctime>
 
 namespace idem {
 
 namespace {
-
-std::string time_text(std::uint64_t ns) {
-    if (ns == 0) return "-";
-    auto t = static_cast<std::time_t>(ns / 1'000'000'000);
-    std::tm tm{};
-    ::gmtime_r(&t, &tm);
-    char buf[64];
-    std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-    return buf;
-}
 
 /// Checks row `key` of p for the effect of the event whose body is known (or only its id).
 why_row check_row(const snapshot& snap, const projection_base& p, const std::string& key,
@@ -56,7 +46,7 @@ why_row check_row(const snapshot& snap, const projection_base& p, const std::str
     r.note = "row '" + key + "' of " + p.name() + (*r.holds ? " holds" : " does not hold") + " its effect key '" +
              (*r.effect_key == event_id ? "(its event id)" : *r.effect_key) + "'";
     if (!*r.holds && snap.contributor_floor(p.name()) != 0) {
-        r.note += " (effect keys from before " + time_text(snap.contributor_floor(p.name())) + " were pruned)";
+        r.note += " (effect keys from before " + format_utc(snap.contributor_floor(p.name())) + " were pruned)";
     }
     return r;
 }
@@ -156,7 +146,7 @@ explanation explain(const snapshot& snap, std::string_view consumer_view, const 
                  "; `release --stream` gives up on the gap";
     } else if (x.first) {
         const auto& first = *x.first;
-        const auto when = " in commit " + std::to_string(first.commit) + " (first seen at " + time_text(first.stamp) + ")";
+        const auto when = " in commit " + std::to_string(first.commit) + " (first seen at " + format_utc(first.stamp) + ")";
         switch (first.outcome) {
         case outcome_kind::applied: x.answer = "applied"; detail = label + " was applied" + when; break;
         case outcome_kind::duplicate_event:
@@ -197,8 +187,8 @@ explanation explain(const snapshot& snap, std::string_view consumer_view, const 
         detail = label + " was dead-lettered: " + std::string(to_string(x.dead->why)) + ": " + x.dead->detail;
     } else if (const auto retention = snap.retention(consumer); retention.inbox_floor != 0) {
         x.answer = "not_in_inbox";
-        detail = label + " is not in the inbox: never seen, or first seen before " + time_text(retention.inbox_floor) +
-                 " and pruned since (the inbox keeps ids from " + time_text(retention.oldest.value_or(0)) + ")";
+        detail = label + " is not in the inbox: never seen, or first seen before " + format_utc(retention.inbox_floor) +
+                 " and pruned since (the inbox keeps ids from " + format_utc(retention.oldest.value_or(0)) + ")";
     } else {
         x.answer = "never_seen";
         detail = label + " was never seen by consumer '" + consumer + "'";

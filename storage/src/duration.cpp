@@ -2,6 +2,7 @@
 
 #include <array>
 #include <cstdint>
+#include <ctime>
 #include <utility>
 
 namespace idem {
@@ -61,6 +62,16 @@ std::string format_duration(std::chrono::nanoseconds d) {
         }
     }
     return out;
+}
+
+std::string format_utc(std::uint64_t ns) {
+    if (ns == 0) return "-";
+    auto t = static_cast<std::time_t>(ns / 1'000'000'000);
+    std::tm tm{};
+    ::gmtime_r(&t, &tm);
+    char buf[64];
+    std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    return buf;
 }
 
 }  // namespace idem

@@ -9,6 +9,7 @@
 #include "options.hpp"
 #include "text.hpp"
 
+#include <idem/storage/duration.hpp>
 #include <idem/storage/envelope.hpp>
 
 #include <cstdio>
@@ -64,7 +65,7 @@ int parked(const tool_context& t, const arguments& a) {
         write_ranges(w.key("missing"), s.missing);
         w.field("parked", s.sequences.size());
         write_numbers(w.key("sequences"), s.sequences);
-        w.field("oldest_parked_ns", s.oldest_ns).field("oldest_parked", utc_text(s.oldest_ns));
+        w.field("oldest_parked_ns", s.oldest_ns).field("oldest_parked", format_utc(s.oldest_ns));
         w.end_object();
         out += "\n";
         events += s.sequences.size();
@@ -153,7 +154,7 @@ int audit(const tool_context& t, const arguments& a) {
     std::string out;
     for (const auto& x : snap.operator_actions(t.consumer)) {
         json_writer w{out};
-        w.begin_object().field("position", x.position).field("time_ns", x.time_ns).field("time", utc_text(x.time_ns));
+        w.begin_object().field("position", x.position).field("time_ns", x.time_ns).field("time", format_utc(x.time_ns));
         w.field("commit", x.commit).field("action", x.action).field("stream", x.stream);
         write_ranges(w.key("skipped"), x.skipped);
         write_numbers(w.key(x.action == "redrive" ? "dead_letters" : "sequences"), x.sequences);

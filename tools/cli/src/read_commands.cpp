@@ -7,6 +7,7 @@
 #include "options.hpp"
 #include "text.hpp"
 
+#include <idem/storage/duration.hpp>
 #include <idem/storage/event_log.hpp>
 #include <idem/storage/log_position.hpp>
 
@@ -88,7 +89,7 @@ int stats(const tool_context& t, const arguments& a) {
     auto r = snap.retention(t.consumer);
     w.key("retention").begin_object();
     w.field("event_time_ns", r.event_time);
-    w.field("event_time", utc_text(r.event_time));
+    w.field("event_time", format_utc(r.event_time));
     w.field("oldest_id_ns", r.oldest.value_or(0));
     // Ages are measured on the consumer's event time (the clock the command line stamps ids by).
     w.field("oldest_id_age_s", r.oldest && r.event_time > *r.oldest ? (r.event_time - *r.oldest) / 1'000'000'000 : 0);

@@ -1,7 +1,6 @@
 #include "text.hpp"
 
 #include <cstdio>
-#include <ctime>
 
 namespace idem::cli::detail {
 
@@ -22,15 +21,5 @@ std::string fixed(double v, int decimals) {
 }
 
 double seconds(std::chrono::steady_clock::duration d) { return std::chrono::duration<double>(d).count(); }
-
-std::string utc_text(std::uint64_t ns) {
-    if (ns == 0) return "-";
-    auto t = static_cast<std::time_t>(ns / 1'000'000'000);
-    std::tm tm{};
-    ::gmtime_r(&t, &tm);
-    char buf[64];
-    std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-    return buf;
-}
 
 }  // namespace idem::cli::detail

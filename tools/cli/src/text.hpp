@@ -17,7 +17,4 @@ std::string fixed(double v, int decimals);
 /// Returns d in seconds.
 double seconds(std::chrono::steady_clock::duration d);
 
-/// Returns ns since the epoch as RFC 3339 UTC ("-" for 0).
-std::string utc_text(std::uint64_t ns);
-
 }  // namespace idem::cli::detail

@@ -3,6 +3,7 @@
 // Durations as people write them: "7d", "1h", "90m", "30s", "250ms", "1h30m".
 
 #include <chrono>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -14,5 +15,8 @@ std::optional<std::chrono::nanoseconds> parse_duration(std::string_view text) no
 
 /// Formats a duration in the largest units that keep it exact ("7d", "1h30m", "250ms"; "0s").
 std::string format_duration(std::chrono::nanoseconds d);
+
+/// Formats a time (ns since the Unix epoch) as RFC 3339 UTC to the second ("2026-12-02T10:00:03Z"); "-" for 0 (none).
+std::string format_utc(std::uint64_t ns);
 
 }  // namespace idem
