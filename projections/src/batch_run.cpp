@@ -7,12 +7,15 @@
 //                          content, an id conflict), else recorded with this batch
 //   process                the stream: a sequence at or below the stream's is a duplicate, one
 //                          past a gap is parked; unsequenced: the event-time horizon
+//   release_parked         the parked successors a sequence frees, each prepared as a delivery
+//                          is and taken through process again
 //   apply_projections      per row: its sequence and contributing set say whether it holds the
 //                          effect; handlers run on copies, all-or-nothing per event
 //   finish                 rows, ids, effect keys, streams, parked events, dead letters,
 //                          checkpoint, counters and the commit number, in the same transaction
 //
-// Outcomes are returned only after the commit succeeded.
+// Outcomes are returned only after the commit succeeded. The guards and reads these steps
+// consult follow them, then the operator's view of a run.
 
 #include "store_internal.hpp"
 
@@ -96,14 +99,13 @@ std::vector<outcome> batch_run::deliver_all(const std::vector<prepared_batch::it
         outcomes.back().commit = commit_;
         ++stats.outcomes[static_cast<std::size_t>(outcomes.back().kind)];
     }
-    current_ = nullptr;  // the caller may reuse the batch's items once this returns
     if (at) {
         checkpoints_[at->source] = layout::encode_checkpoint(at->position, at->detail);
     }
     return outcomes;
 }
 
-void batch_run::prefetch(const prepared_batch::item& d) const noexcept {
+void batch_run::prefetch(const item& d) const noexcept {
     if (d.err.why != reason::none) return;
     s_.ids->prefetch(d.message_hash);
     if (d.ev.sequence) streams_.prefetch(d.subject_hash);
@@ -115,8 +117,7 @@ void batch_run::prefetch(const prepared_batch::item& d) const noexcept {
     }
 }
 
-outcome batch_run::deliver(const prepared_batch::item& d) {
-    current_ = &d;
+outcome batch_run::deliver(const item& d) {
     const bool malformed = d.err.why != reason::none;
     // Without a valid envelope only a transport id can identify a redelivery.
     std::string transport;
@@ -138,12 +139,12 @@ outcome batch_run::deliver(const prepared_batch::item& d) {
             } else if (first->extra[0] != 0 && first->extra[0] != d.fingerprint) {
                 // Same id, other content: the first effect stands; this one is kept for the operator.
                 ++stats.id_conflicts;
-                return dead(reason::id_conflict,
+                return dead(d, reason::id_conflict,
                             label() + " " + layout::describe_message_id(message_id) + " was first processed in commit " +
                                 std::to_string(first_commit) + " with other content (fingerprint " +
                                 std::to_string(first->extra[0]) + ", this delivery " + std::to_string(d.fingerprint) +
                                 "); the first effect stands",
-                            message_id, d.body);
+                            message_id);
             } else {
                 return outcome{outcome_kind::duplicate_message, reason::none,
                                label() + " " + layout::describe_message_id(message_id) + " already processed in commit " +
@@ -153,8 +154,8 @@ outcome batch_run::deliver(const prepared_batch::item& d) {
         }
     }
     clock_before_ = clock_.event_time;
-    future_ = d.time_ns && ahead(*d.time_ns, d.identity);
-    if (d.time_ns && !future_) clock_.event_time = std::max(clock_.event_time, *d.time_ns);
+    const bool future = d.time_ns && ahead(*d.time_ns, d.identity);
+    if (d.time_ns && !future) clock_.event_time = std::max(clock_.event_time, *d.time_ns);
     const auto stamp = s_.options.retention.clock == retention_clock::event ? clock_.event_time : time_ns_;
     // A collision's id is in the inbox already (the first event's); this event is not recorded under it.
     const bool record = !message_id.empty() && !collision;
@@ -163,8 +164,7 @@ outcome batch_run::deliver(const prepared_batch::item& d) {
     if (record && !malformed && (message_id.starts_with('m') || message_id.starts_with('t'))) {
         s_.event_ids->stage(message_id, d.ev.event_id(), stamp);
     }
-    auto result = malformed ? dead(d.err.why, "malformed event: " + d.err.detail, message_id, d.body)
-                            : process(d.ev, d.time_ns, message_id, d.body, d.parts);
+    auto result = malformed ? dead(d, d.err.why, "malformed event: " + d.err.detail, message_id) : process(d, future);
     if (record) s_.ids->annotate_last({d.fingerprint, layout::inbox_word(commit_, result.kind), d.identity});
     if (collision) {
         *collision += ": " + std::string(to_string(result.kind)) +
@@ -175,23 +175,22 @@ outcome batch_run::deliver(const prepared_batch::item& d) {
     return result;
 }
 
-outcome batch_run::process(const envelope& ev, std::optional<std::uint64_t> time, std::string_view message_id,
-                           std::string_view body, const std::vector<part>& parts) {
+outcome batch_run::process(const item& d, bool future) {
+    const auto& ev = d.ev;
     if (!ev.sequence) {
-        if (future_) return future_event(ev, *time, message_id, body);
-        if (!parts.empty()) {
-            if (auto rejected = late(ev, time, message_id, body, parts)) return std::move(*rejected);
+        if (future) return future_event(d);
+        if (!d.parts.empty()) {
+            if (auto rejected = late(d)) return std::move(*rejected);
         }
-        return apply_projections(ev, message_id, body, &parts);
+        return apply_projections(d);
     }
     auto seq = *ev.sequence;
     // The parked key escapes the subject (at most doubling it) and appends 10 bytes: measure only when it may not fit.
     if (2 * ev.subject.size() + 10 > txn_.env().max_key_size() &&
         layout::parked_key(ev.subject, seq).size() > txn_.env().max_key_size()) {
-        return dead(reason::key_too_long,
+        return dead(d, reason::key_too_long,
                     describe(ev) + ": subject of " + std::to_string(ev.subject.size()) +
-                        " bytes is too long to track its stream (limit ~500 bytes)",
-                    message_id, body);
+                        " bytes is too long to track its stream (limit ~500 bytes)");
     }
     auto& st = stream(ev.subject);  // a reference into a node-based map: stable while the batch runs
     const auto highest = st.highest;
@@ -203,27 +202,22 @@ outcome batch_run::process(const envelope& ev, std::optional<std::uint64_t> time
     }
     if (seq > highest + 1) {
         if (s_.options.gaps == gap_policy::reject) {
-            return dead(reason::sequence_gap,
+            return dead(d, reason::sequence_gap,
                         describe(ev) + ": sequence " + std::to_string(seq) + " of '" + layout::truncate(ev.subject) +
-                            "' skips ahead of " + std::to_string(highest + 1),
-                        message_id, body);
+                            "' skips ahead of " + std::to_string(highest + 1));
         }
         if (s_.options.gaps == gap_policy::park) {
             auto key = layout::parked_key(ev.subject, seq);
             if (auto existing = parked_value(key)) {
-                const auto parked_body = layout::decode_parked(*existing).second;
-                envelope other;
-                parse_error err;
-                if (s_.parser.parse(parked_body, other, err) && other.event_id() == ev.event_id()) {
+                if (parked_event_id(*existing) == ev.event_id()) {
                     return outcome{outcome_kind::duplicate_event, reason::none,
                                    describe(ev) + ": already parked at sequence " + std::to_string(seq), 0};
                 }
-                return dead(reason::sequence_conflict,
+                return dead(d, reason::sequence_conflict,
                             describe(ev) + ": sequence " + std::to_string(seq) + " of '" + layout::truncate(ev.subject) +
-                                "' is already held by another event",
-                            message_id, body);
+                                "' is already held by another event");
             }
-            parked_[key] = layout::encode_parked(message_id, body);
+            parked_[key] = layout::encode_parked(d.message_id, ev.event_id(), d.body);
             parked_possible_ = true;
             return outcome{outcome_kind::parked, reason::none,
                            describe(ev) + ": sequence " + std::to_string(seq) + " of '" + layout::truncate(ev.subject) +
@@ -233,26 +227,48 @@ outcome batch_run::process(const envelope& ev, std::optional<std::uint64_t> time
     }
     // A dead-lettered event still moves its stream on: it is kept for the operator, and
     // holding every later event of the stream behind it would stall the aggregate.
-    auto result = future_ ? future_event(ev, *time, message_id, body) : apply_projections(ev, message_id, body, &parts);
+    auto result = future ? future_event(d) : apply_projections(d);
     st = stream_state{std::max(highest, seq), true};
-    release_parked(ev.subject);
+    // A released event's successors are released by the loop that released it.
+    if (!d.from_store) release_parked(ev.subject);
     return result;
 }
 
-outcome batch_run::apply_projections(const envelope& ev, std::string_view message_id, std::string_view body,
-                                     const std::vector<part>* parts) {
-    std::vector<part> local;
-    if (parts == nullptr) {  // a released parked event: prepared here, on the writer
-        prepare_parts(s_, ev, local);
-        parts = &local;
+void batch_run::release_parked(const std::string& subject) {
+    if (s_.options.gaps != gap_policy::park || !parked_possible_) return;
+    std::optional<item> released;  // made for the first, reused along the stream
+    for (;;) {
+        auto key = layout::parked_key(subject, stream(subject).highest + 1);
+        auto value = parked_value(key);
+        if (!value) return;
+        parked_[key] = std::nullopt;
+        const auto stored = layout::decode_parked_value(*value);
+        auto& d = released ? *released : released.emplace();
+        d.from_store = true;
+        d.body.assign(stored.body);
+        if (!prepare_envelope(s_, d, s_.parser)) {
+            throw_error(errc::corrupt_record, "parked event of '" + subject + "' no longer parses: " + d.err.detail);
+        }
+        d.message_id.assign(stored.message_id);  // the id it was recorded under when parked
+        d.message_hash = id_log::hash_of(d.message_id);
+        // Judged against the event time as it is now (parked, it did not move it), without a vote.
+        auto result = process(d, far_ahead(d.time_ns));
+        ++stats.released;
+        if (result.kind == outcome_kind::dead_lettered) {
+            ++stats.outcomes[static_cast<std::size_t>(outcome_kind::dead_lettered)];
+        }
     }
+}
+
+outcome batch_run::apply_projections(const item& d) {
+    const auto& ev = d.ev;
     meta m{ev.id, ev.source, ev.type, ev.subject, ev.sequence, ev.time, {}};
     std::vector<staged_change> staged;
-    const bool handled = !parts->empty();
+    const bool handled = !d.parts.empty();
     const auto limit = txn_.env().max_key_size();
 
-    for (const auto& pt : *parts) {
-        if (pt.failed != reason::none) return dead(pt.failed, pt.detail, message_id, body);
+    for (const auto& pt : d.parts) {
+        if (pt.failed != reason::none) return dead(d, pt.failed, pt.detail);
         const auto p = pt.projection;
         const auto& proj = *s_.projections[p];
         const auto& effect = pt.effect;
@@ -260,12 +276,11 @@ outcome batch_run::apply_projections(const envelope& ev, std::string_view messag
             const auto& key = pt.keys[k];
             const auto& contributor = pt.contributors[k];
             if (contributor.size() > limit) {
-                return dead(reason::key_too_long,
+                return dead(d, reason::key_too_long,
                             describe(ev) + ", projection '" + proj.name() + "': row key '" + layout::truncate(key) + "' (" +
                                 std::to_string(key.size()) + " bytes) with its effect key (" +
                                 std::to_string(effect ? effect->size() : ev.event_id().size()) +
-                                " bytes) exceeds LMDB's " + std::to_string(limit) + "-byte key limit",
-                            message_id, body);
+                                " bytes) exceeds LMDB's " + std::to_string(limit) + "-byte key limit");
             }
             auto& slot = load_row(p, key, pt.key_hashes[k]);
             const bool own_stream = ev.sequence && key == ev.subject;
@@ -276,18 +291,17 @@ outcome batch_run::apply_projections(const envelope& ev, std::string_view messag
             try {
                 pt.handler->apply(*copy, pt.decoded.get(), m);
             } catch (const std::exception& e) {
-                return dead(reason::handler_failed,
+                return dead(d, reason::handler_failed,
                             describe(ev) + ", projection '" + proj.name() + "', row '" + layout::truncate(key) +
-                                "': handler threw: " + e.what(),
-                            message_id, body);
+                                "': handler threw: " + e.what());
             }
             staged.push_back(staged_change{p, &slot, std::move(copy), &contributor, pt.contributor_hashes[k], own_stream});
         }
     }
     if (!handled) {
         if (s_.options.unknown_types == unknown_type_policy::dead_letter) {
-            return dead(reason::unknown_type, describe(ev) + ": no projection handles type '" + layout::truncate(ev.type) + "'",
-                        message_id, body);
+            return dead(d, reason::unknown_type,
+                        describe(ev) + ": no projection handles type '" + layout::truncate(ev.type) + "'");
         }
         return outcome{outcome_kind::ignored, reason::none, describe(ev) + ": no projection handles " + ev.type, 0};
     }
@@ -308,172 +322,7 @@ outcome batch_run::apply_projections(const envelope& ev, std::string_view messag
     return outcome{outcome_kind::applied, reason::none, {}, 0};
 }
 
-void batch_run::release_parked(const std::string& subject) {
-    if (s_.options.gaps != gap_policy::park || !parked_possible_) return;
-    for (;;) {
-        auto& st = stream(subject);
-        const auto highest = st.highest;
-        auto key = layout::parked_key(subject, highest + 1);
-        auto value = parked_value(key);
-        if (!value) return;
-        parked_[key] = std::nullopt;
-        const auto [stored_id, rest] = layout::decode_parked(*value);
-        const std::string message_id(stored_id);
-        envelope ev;
-        parse_error err;
-        if (!s_.parser.parse(rest, ev, err)) {
-            throw_error(errc::corrupt_record, "parked event of '" + subject + "' no longer parses: " + err.detail);
-        }
-        const auto* delivering = std::exchange(current_, nullptr);  // a released event was read elsewhere
-        // Judged against the event time as it is now: parked, it did not move it.
-        const auto time = parse_event_time(ev.time);
-        const auto& skew = s_.options.retention.max_future_skew;
-        const bool far_ahead = time && skew && future_guarded() && clock_.event_time != 0 &&
-                               *time > clock_.event_time && *time - clock_.event_time > count_ns(*skew);
-        auto result = far_ahead ? future_event(ev, *time, message_id, rest) : apply_projections(ev, message_id, rest, nullptr);
-        current_ = delivering;
-        ++stats.released;
-        st = stream_state{highest + 1, true};
-        if (result.kind == outcome_kind::dead_lettered) {
-            ++stats.outcomes[static_cast<std::size_t>(outcome_kind::dead_lettered)];
-        }
-    }
-}
-
-// --- the guards -----------------------------------------------------------------------------
-
-bool batch_run::future_guarded() const {
-    const auto& r = s_.options.retention;
-    return r.max_future_skew && (r.allowed_lateness || (r.inbox_retention && r.clock == retention_clock::event));
-}
-
-bool batch_run::ahead(std::uint64_t time, std::uint64_t identity) {
-    // An event far ahead of the consumer's event time is held against it (one bad clock must not
-    // move the horizon for everyone) until enough such events agree that the source jumped forward.
-    const auto& r = s_.options.retention;
-    if (!future_guarded() || clock_.event_time == 0) return false;
-    const auto skew = count_ns(*r.max_future_skew);
-    if (time <= clock_.event_time || time - clock_.event_time <= skew) return false;
-    // Votes are distinct events: the same outlier re-sent under new message ids votes once.
-    auto& votes = clock_.jump_votes;
-    const auto lo = std::min(time, clock_.jump_time);
-    const auto hi = std::max(time, clock_.jump_time);
-    if (!votes.empty() && hi - lo <= skew) {
-        clock_.jump_time = lo;
-        if (std::find(votes.begin(), votes.end(), identity) == votes.end()) votes.push_back(identity);
-    } else {
-        clock_.jump_time = time;
-        votes.assign(1, identity);
-    }
-    if (votes.size() < std::max<std::uint32_t>(1, r.future_confirmations)) return true;
-    clock_.jump_time = 0;
-    votes.clear();
-    return false;
-}
-
-outcome batch_run::future_event(const envelope& ev, std::uint64_t time, std::string_view message_id,
-                                std::string_view body) {
-    ++stats.future_events;
-    return dead(reason::future_event,
-                describe(ev) + ": event time " + ev.time + " is " + std::to_string((time - clock_.event_time) / 1'000'000) +
-                    " ms ahead of the consumer's event time, more than the allowed skew of " +
-                    format_duration(*s_.options.retention.max_future_skew) +
-                    "; it did not move the event-time horizon",
-                message_id, body);
-}
-
-std::optional<outcome> batch_run::late(const envelope& ev, std::optional<std::uint64_t> time,
-                                       std::string_view message_id, std::string_view body,
-                                       const std::vector<part>& parts) {
-    // The contributing sets of these rows prove an unsequenced event new only above their floor
-    // (where they may have been pruned) and, by policy, the horizon.
-    const auto& lateness = s_.options.retention.allowed_lateness;
-    std::uint64_t floor = 0;
-    if (lateness && clock_before_ > count_ns(*lateness)) floor = clock_before_ - count_ns(*lateness);
-    for (const auto& pt : parts) floor = std::max(floor, contrib_floors_[pt.projection]);
-    if (!lateness && floor == 0) return std::nullopt;
-    if (!time) {
-        ++stats.late_events;
-        return dead(reason::late_event,
-                    describe(ev) + ": no usable time ('" + layout::truncate(ev.time) +
-                        "'): with an event-time horizon an unsequenced event needs one to be proven new",
-                    message_id, body);
-    }
-    if (*time >= floor) return std::nullopt;
-    ++stats.late_events;
-    return dead(reason::late_event,
-                describe(ev) + ": event time " + ev.time + " is older than the horizon (" +
-                    std::to_string((floor - *time) / 1'000'000) +
-                    " ms before it) and no sequence proves it new; its contributing sets may be pruned",
-                message_id, body);
-}
-
-bool batch_run::holds(std::size_t p, const std::string& contributor, std::uint64_t hash) const {
-    // An entry counts until the horizon (as of the delivery being judged) passes its stamp, whether
-    // or not a prune step has removed it yet: outcomes never depend on when pruning ran, so batch
-    // sizes and a rebuild give the same ones. An expired entry may have been recorded again since.
-    auto e = s_.contributors[p]->find(txn_, contributor, hash);
-    if (!e) return false;
-    const auto& lateness = s_.options.retention.allowed_lateness;
-    if (!lateness || clock_before_ <= count_ns(*lateness)) return true;
-    const auto horizon = clock_before_ - count_ns(*lateness);
-    if (e->stamp >= horizon) return true;
-    e = s_.contributors[p]->find_newest(txn_, contributor, hash);
-    return e && e->stamp >= horizon;
-}
-
-outcome batch_run::dead(reason why, std::string detail, std::string_view message_id, std::string_view body) {
-    const auto log_path = log_source_path(source_);
-    if (current_ != nullptr && log_path) {
-        // Read from a log: say where (path:line, or the byte offset once resumed mid-file).
-        const auto path = *log_path;
-        detail = current_->line != 0 ? std::string(path) + ":" + std::to_string(current_->line) + " (byte offset " +
-                                           std::to_string(current_->offset) + "): " + detail
-                                     : std::string(path) + " at byte offset " + std::to_string(current_->offset) +
-                                           ": " + detail;
-    }
-    dead_letters_.push_back(layout::encode_dead_letter(why, detail, message_id, body, time_ns_));
-    return outcome{outcome_kind::dead_lettered, why, std::move(detail), 0};
-}
-
-// --- what the batch reads through its own state ----------------------------------------------
-
-batch_run::row_slot& batch_run::load_row(std::size_t p, const std::string& key, std::uint64_t hash) {
-    if (rows_.size() <= p) rows_.resize(s_.projections.size());
-    auto [entry, inserted] = rows_[p].try_emplace(key, hash);
-    auto& slot = entry->value;
-    if (!inserted) return slot;
-    row_bytes_ += 2 * key.size() + 192;
-    const auto& proj = *s_.projections[p];
-    const auto row_key = codec::row_key(key);
-    auto record = s_.journals[p]->find(txn_, row_key);
-    if (!record) record = txn_.get(s_.tables[p], row_key);
-    if (record) {
-        auto decoded = codec::decode_row(*record);
-        slot.header = decoded.header;
-        slot.state = proj.load(decoded.state, decoded.header.state_version);
-    } else {
-        slot.header.state_version = proj.state_version();
-        slot.state = proj.make_state();
-    }
-    return slot;
-}
-
-batch_run::stream_state& batch_run::stream(const std::string& subject) {
-    auto [entry, inserted] = streams_.try_emplace(subject);
-    if (inserted) {
-        if (auto v = txn_.get(s_.streams, subject); v && v->size() >= 8) entry->value.highest = codec::get_u64_le(*v);
-    }
-    return entry->value;
-}
-
-std::optional<std::string> batch_run::parked_value(const std::string& key) const {
-    if (auto it = parked_.find(key); it != parked_.end()) return it->second;
-    if (auto v = txn_.get(s_.parked, key)) return std::string(*v);
-    return std::nullopt;
-}
-
-// --- what it writes ------------------------------------------------------------------------
+// --- finish: what it writes ----------------------------------------------------------------------
 
 void batch_run::finish() {
     std::string value;
@@ -574,6 +423,151 @@ void batch_run::write_dead_letters() { append_at_positions(txn_, s_.dead, dead_l
 
 void batch_run::write_collisions() { append_at_positions(txn_, s_.collisions, collisions_); }
 
+// --- the guards the steps consult ----------------------------------------------------------------
+
+bool batch_run::future_guarded() const {
+    const auto& r = s_.options.retention;
+    return r.max_future_skew && (r.allowed_lateness || (r.inbox_retention && r.clock == retention_clock::event));
+}
+
+bool batch_run::ahead(std::uint64_t time, std::uint64_t identity) {
+    // An event far ahead of the consumer's event time is held against it (one bad clock must not
+    // move the horizon for everyone) until enough such events agree that the source jumped forward.
+    const auto& r = s_.options.retention;
+    if (!future_guarded() || clock_.event_time == 0) return false;
+    const auto skew = count_ns(*r.max_future_skew);
+    if (time <= clock_.event_time || time - clock_.event_time <= skew) return false;
+    // Votes are distinct events: the same outlier re-sent under new message ids votes once.
+    auto& votes = clock_.jump_votes;
+    const auto lo = std::min(time, clock_.jump_time);
+    const auto hi = std::max(time, clock_.jump_time);
+    if (!votes.empty() && hi - lo <= skew) {
+        clock_.jump_time = lo;
+        if (std::find(votes.begin(), votes.end(), identity) == votes.end()) votes.push_back(identity);
+    } else {
+        clock_.jump_time = time;
+        votes.assign(1, identity);
+    }
+    if (votes.size() < std::max<std::uint32_t>(1, r.future_confirmations)) return true;
+    clock_.jump_time = 0;
+    votes.clear();
+    return false;
+}
+
+bool batch_run::far_ahead(std::optional<std::uint64_t> time) const {
+    const auto& skew = s_.options.retention.max_future_skew;
+    return time && skew && future_guarded() && clock_.event_time != 0 && *time > clock_.event_time &&
+           *time - clock_.event_time > count_ns(*skew);
+}
+
+outcome batch_run::future_event(const item& d) {
+    ++stats.future_events;
+    const auto& ev = d.ev;
+    return dead(d, reason::future_event,
+                describe(ev) + ": event time " + ev.time + " is " +
+                    std::to_string((*d.time_ns - clock_.event_time) / 1'000'000) +
+                    " ms ahead of the consumer's event time, more than the allowed skew of " +
+                    format_duration(*s_.options.retention.max_future_skew) +
+                    "; it did not move the event-time horizon");
+}
+
+std::optional<outcome> batch_run::late(const item& d) {
+    // The contributing sets of these rows prove an unsequenced event new only above their floor
+    // (where they may have been pruned) and, by policy, the horizon.
+    const auto& lateness = s_.options.retention.allowed_lateness;
+    std::uint64_t floor = 0;
+    if (lateness && clock_before_ > count_ns(*lateness)) floor = clock_before_ - count_ns(*lateness);
+    for (const auto& pt : d.parts) floor = std::max(floor, contrib_floors_[pt.projection]);
+    if (!lateness && floor == 0) return std::nullopt;
+    const auto& ev = d.ev;
+    const auto& time = d.time_ns;
+    if (!time) {
+        ++stats.late_events;
+        return dead(d, reason::late_event,
+                    describe(ev) + ": no usable time ('" + layout::truncate(ev.time) +
+                        "'): with an event-time horizon an unsequenced event needs one to be proven new");
+    }
+    if (*time >= floor) return std::nullopt;
+    ++stats.late_events;
+    return dead(d, reason::late_event,
+                describe(ev) + ": event time " + ev.time + " is older than the horizon (" +
+                    std::to_string((floor - *time) / 1'000'000) +
+                    " ms before it) and no sequence proves it new; its contributing sets may be pruned");
+}
+
+bool batch_run::holds(std::size_t p, const std::string& contributor, std::uint64_t hash) const {
+    // An entry counts until the horizon (as of the delivery being judged) passes its stamp, whether
+    // or not a prune step has removed it yet: outcomes never depend on when pruning ran, so batch
+    // sizes and a rebuild give the same ones. An expired entry may have been recorded again since.
+    auto e = s_.contributors[p]->find(txn_, contributor, hash);
+    if (!e) return false;
+    const auto& lateness = s_.options.retention.allowed_lateness;
+    if (!lateness || clock_before_ <= count_ns(*lateness)) return true;
+    const auto horizon = clock_before_ - count_ns(*lateness);
+    if (e->stamp >= horizon) return true;
+    e = s_.contributors[p]->find_newest(txn_, contributor, hash);
+    return e && e->stamp >= horizon;
+}
+
+outcome batch_run::dead(const item& d, reason why, std::string detail, std::string_view message_id) {
+    const auto log_path = log_source_path(source_);
+    if (!d.from_store && log_path) {
+        // Read from a log: say where (path:line, or the byte offset once resumed mid-file).
+        const auto path = *log_path;
+        detail = d.line != 0 ? std::string(path) + ":" + std::to_string(d.line) + " (byte offset " +
+                                   std::to_string(d.offset) + "): " + detail
+                             : std::string(path) + " at byte offset " + std::to_string(d.offset) + ": " + detail;
+    }
+    dead_letters_.push_back(layout::encode_dead_letter(why, detail, message_id, d.body, time_ns_));
+    return outcome{outcome_kind::dead_lettered, why, std::move(detail), 0};
+}
+
+// --- what the batch reads through its own state --------------------------------------------------
+
+batch_run::row_slot& batch_run::load_row(std::size_t p, const std::string& key, std::uint64_t hash) {
+    if (rows_.size() <= p) rows_.resize(s_.projections.size());
+    auto [entry, inserted] = rows_[p].try_emplace(key, hash);
+    auto& slot = entry->value;
+    if (!inserted) return slot;
+    row_bytes_ += 2 * key.size() + 192;
+    const auto& proj = *s_.projections[p];
+    const auto row_key = codec::row_key(key);
+    auto record = s_.journals[p]->find(txn_, row_key);
+    if (!record) record = txn_.get(s_.tables[p], row_key);
+    if (record) {
+        auto decoded = codec::decode_row(*record);
+        slot.header = decoded.header;
+        slot.state = proj.load(decoded.state, decoded.header.state_version);
+    } else {
+        slot.header.state_version = proj.state_version();
+        slot.state = proj.make_state();
+    }
+    return slot;
+}
+
+batch_run::stream_state& batch_run::stream(const std::string& subject) {
+    auto [entry, inserted] = streams_.try_emplace(subject);
+    if (inserted) {
+        if (auto v = txn_.get(s_.streams, subject); v && v->size() >= 8) entry->value.highest = codec::get_u64_le(*v);
+    }
+    return entry->value;
+}
+
+std::optional<std::string> batch_run::parked_value(const std::string& key) const {
+    if (auto it = parked_.find(key); it != parked_.end()) return it->second;
+    if (auto v = txn_.get(s_.parked, key)) return std::string(*v);
+    return std::nullopt;
+}
+
+std::string batch_run::parked_event_id(std::string_view value) const {
+    const auto stored = layout::decode_parked_value(value);
+    if (stored.event_id) return std::string(*stored.event_id);
+    // Parked before the value carried it: the envelope says (one that no longer parses matches none).
+    envelope ev;
+    parse_error err;
+    return s_.parser.parse(stored.body, ev, err) ? ev.event_id() : std::string();
+}
+
 // An operator action's view of a batch run (detail::operator_session).
 class operator_run final : public operator_session {
 public:
@@ -583,11 +577,16 @@ public:
     std::uint64_t now() const override { return run_.time_ns_; }
     MDB_dbi parked_table() const override { return run_.s_.parked; }
     MDB_dbi dead_table() const override { return run_.s_.dead; }
-    outcome reapply(const envelope& ev, std::string_view message_id, std::string_view body) override {
-        return run_.apply_projections(ev, message_id, body, nullptr);
+    outcome reapply(const envelope&, std::string_view message_id, std::string_view body) override {
+        auto d = taken_back(message_id, body);
+        if (!prepare_envelope(run_.s_, d, run_.s_.parser)) {
+            throw_error(errc::corrupt_record, "a dead letter to redrive no longer parses: " + d.err.detail);
+        }
+        d.message_id.assign(message_id);
+        return run_.apply_projections(d);
     }
     void dead_letter(reason why, std::string detail, std::string_view message_id, std::string_view body) override {
-        run_.dead(why, std::move(detail), message_id, body);
+        run_.dead(taken_back(message_id, body), why, std::move(detail));
     }
     void write_dead_letters() override { run_.write_dead_letters(); }
     std::uint64_t stream_highest(const std::string& subject) override { return run_.stream(subject).highest; }
@@ -602,6 +601,15 @@ public:
     bool is_parked(const std::string& key) const override { return run_.parked_value(key).has_value(); }
 
 private:
+    // An event read back from the store, as the batch path takes it.
+    static batch_run::item taken_back(std::string_view message_id, std::string_view body) {
+        batch_run::item d;
+        d.from_store = true;
+        d.message_id.assign(message_id);
+        d.body.assign(body);
+        return d;
+    }
+
     batch_run& run_;
 };
 

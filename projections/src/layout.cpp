@@ -216,17 +216,46 @@ std::optional<std::pair<std::string, std::uint64_t>> decode_parked_key(std::stri
     return std::pair{std::move(k->aggregate), codec::get_u64_be(k->effect)};
 }
 
-std::string encode_parked(std::string_view message_id, std::string_view body) {
+namespace {
+
+// A parked value's first word in the versioned layout: no older value's message id has this length.
+constexpr std::uint32_t parked_versioned = 0xFFFFFFFFu;
+constexpr std::uint8_t parked_version = 1;
+
+}  // namespace
+
+std::string encode_parked(std::string_view message_id, std::string_view event_id, std::string_view body) {
     std::string out;
-    out.reserve(4 + message_id.size() + body.size());
+    out.reserve(4 + 1 + 4 + message_id.size() + 4 + event_id.size() + body.size());
+    codec::put_u32_le(out, parked_versioned);
+    out.push_back(static_cast<char>(parked_version));
     put_str(out, message_id);
+    put_str(out, event_id);
     out.append(body);
     return out;
 }
 
+parked_value decode_parked_value(std::string_view v) {
+    parked_value p;
+    if (v.size() >= 5 && codec::get_u32_le(v) == parked_versioned) {
+        const auto version = static_cast<std::uint8_t>(v[4]);
+        if (version != parked_version) {
+            throw_error(errc::corrupt_record, "parked value of version " + std::to_string(version) + ", this build reads " +
+                                                  std::to_string(parked_version));
+        }
+        v.remove_prefix(5);
+        p.message_id = take_str(v);
+        p.event_id = take_str(v);
+    } else {
+        p.message_id = take_str(v);
+    }
+    p.body = v;
+    return p;
+}
+
 std::pair<std::string_view, std::string_view> decode_parked(std::string_view v) {
-    auto message_id = take_str(v);
-    return {message_id, v};
+    const auto p = decode_parked_value(v);
+    return {p.message_id, p.body};
 }
 
 std::string encode_checkpoint(std::uint64_t position, std::string_view detail) {

@@ -30,7 +30,7 @@ void record(detail::operator_session& op, MDB_dbi audit, operator_action a) {
     c.put(codec::u64_key(position), layout::encode_action(a), MDB_APPEND);
 }
 
-/// A parked entry: its sequence and stored value (message id + envelope).
+/// A parked entry: its sequence and stored value (layout::decode_parked reads it).
 struct parked_entry {
     std::uint64_t sequence = 0;
     std::string key;
@@ -88,8 +88,7 @@ release_result store::release(std::string_view subject_view, const release_optio
         if (options.drop) {
             a.action = "release_drop";
             for (const auto& e : entries) {
-                std::string_view rest = e.value;
-                const auto message_id = layout::take_str(rest);
+                const auto [message_id, rest] = layout::decode_parked(e.value);
                 op.unpark(e.key);
                 op.dead_letter(reason::released_dropped,
                                "sequence " + std::to_string(e.sequence) + " of '" + subject +
@@ -248,8 +247,7 @@ std::vector<parked_stream> snapshot::parked_streams(std::string_view consumer) c
             const auto before = s.sequences.empty() ? s.highest : s.sequences.back();
             if (seq > before + 1) s.missing.push_back({before + 1, seq - 1});
             s.sequences.push_back(seq);
-            std::string_view v = e->second;
-            at_message.emplace(std::string(layout::take_str(v)), out.size() - 1);
+            at_message.emplace(std::string(layout::decode_parked(e->second).first), out.size() - 1);
         }
     }
     // When each was parked: its message id's inbox stamp (one walk of the inbox).
@@ -285,9 +283,9 @@ std::vector<snapshot::parked_event> snapshot::parked_events(std::string_view con
             if (auto h = txn_.get(*streams, p.subject); h && h->size() >= 8) highest = codec::get_u64_le(*h);
         }
         p.waiting_for = highest + 1;
-        std::string_view v = e->second;
-        p.message_id = layout::take_str(v);
-        p.body = v;
+        const auto [message_id, body] = layout::decode_parked(e->second);
+        p.message_id = message_id;
+        p.body = body;
         out.push_back(std::move(p));
     }
     return out;

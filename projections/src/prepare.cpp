@@ -104,6 +104,35 @@ void prepare_parts(const store::impl& s, const envelope& ev, std::vector<part>& 
 
 namespace {
 
+// Without a valid envelope only the bytes say what the content is.
+void unparsed(prepared_batch::item& out) {
+    out.identity = 0;
+    out.time_ns.reset();
+    out.fingerprint = fingerprint_bytes(out.body);
+    out.parts.clear();
+}
+
+}  // namespace
+
+bool prepare_envelope(const store::impl& s, prepared_batch::item& out, envelope_parser& parser) {
+    if (!parser.parse(out.body, out.ev, out.err)) {
+        unparsed(out);
+        return false;
+    }
+    // A transport id (the delivery's, else the envelope's msgid) counts within its transport.
+    const auto& transport_id = out.transport_id.empty() ? out.ev.msgid : out.transport_id;
+    out.message_id = transport_id.empty() ? out.ev.message_id() : transport_message_id(out.transport, transport_id);
+    out.message_hash = id_log::hash_of(out.message_id);
+    out.identity = layout::event_identity(out.ev.event_id());
+    out.subject_hash = std::hash<std::string_view>{}(out.ev.subject);
+    out.time_ns = parse_event_time(out.ev.time);
+    out.fingerprint = fingerprint(out.ev);
+    prepare_parts(s, out.ev, out.parts);
+    return true;
+}
+
+namespace {
+
 void prepare_item(const store::impl& s, const delivery& d, prepared_batch::item& out, envelope_parser& parser) {
     out.body.assign(d.body);
     out.transport_id.assign(d.message_id);
@@ -114,29 +143,10 @@ void prepare_item(const store::impl& s, const delivery& d, prepared_batch::item&
     if (limit != 0 && d.body.size() > limit) {
         out.err = {reason::too_large, "the envelope has " + std::to_string(d.body.size()) +
                                           " bytes, over the limit of " + std::to_string(limit)};
-        out.identity = 0;
-        out.time_ns.reset();
-        out.fingerprint = fingerprint_bytes(out.body);
-        out.parts.clear();
+        unparsed(out);
         return;
     }
-    if (parser.parse(out.body, out.ev, out.err)) {
-        // A transport id (the delivery's, else the envelope's msgid) counts within its transport.
-        const auto& transport_id = out.transport_id.empty() ? out.ev.msgid : out.transport_id;
-        out.message_id =
-            transport_id.empty() ? out.ev.message_id() : transport_message_id(out.transport, transport_id);
-        out.message_hash = id_log::hash_of(out.message_id);
-        out.identity = layout::event_identity(out.ev.event_id());
-        out.subject_hash = std::hash<std::string_view>{}(out.ev.subject);
-        out.time_ns = parse_event_time(out.ev.time);
-        out.fingerprint = fingerprint(out.ev);
-        prepare_parts(s, out.ev, out.parts);
-    } else {
-        out.identity = 0;
-        out.time_ns.reset();
-        out.fingerprint = fingerprint_bytes(out.body);
-        out.parts.clear();
-    }
+    prepare_envelope(s, out, parser);
 }
 
 }  // namespace

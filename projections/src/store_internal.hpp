@@ -62,6 +62,9 @@ struct prepared_batch::item {
     std::string transport;   // the transport the id belongs to
     std::uint64_t line = 0;  // where it was read from a log (0: not from a log)
     std::uint64_t offset = 0;
+    // Taken back out of the store (a released parked event, a redriven dead letter): it has no
+    // place in the batch's source, so its dead letter names none.
+    bool from_store = false;
     std::string message_id;  // the inbox key (set when the envelope parsed)
     std::uint64_t message_hash = 0;  // id_log::hash_of(message_id)
     std::uint64_t subject_hash = 0;  // the subject's hash in the batch's stream table
@@ -155,6 +158,9 @@ using part = prepared_batch::item::part;
 
 /// Decodes the event for every projection handling its type and runs the key functions (prepare.cpp).
 void prepare_parts(const store::impl& s, const envelope& ev, std::vector<part>& parts);
+/// Parses out.body and prepares the event it holds: its message id (from out's transport id, else
+/// the envelope), identity, time, fingerprint and parts; false (out.err says why) if it does not parse.
+bool prepare_envelope(const store::impl& s, prepared_batch::item& out, envelope_parser& parser);
 
 /// Returns a duration's nanoseconds, 0 if not positive.
 inline std::uint64_t count_ns(std::chrono::nanoseconds d) {
@@ -251,30 +257,34 @@ private:
         bool dirty = false;
     };
 
-    // In the order a delivery meets them.
-    void prefetch(const prepared_batch::item& d) const noexcept;
-    outcome deliver(const prepared_batch::item& d);
-    outcome process(const envelope& ev, std::optional<std::uint64_t> time, std::string_view message_id,
-                    std::string_view body, const std::vector<part>& parts);
-    outcome apply_projections(const envelope& ev, std::string_view message_id, std::string_view body,
-                              const std::vector<part>* parts);
+    using item = prepared_batch::item;
+
+    // In the order a delivery meets them; a released parked event enters at process(), future
+    // saying whether it is too far ahead of the consumer's event time.
+    void prefetch(const item& d) const noexcept;
+    outcome deliver(const item& d);
+    outcome process(const item& d, bool future);
     void release_parked(const std::string& subject);
-    // The guards.
-    bool ahead(std::uint64_t time, std::uint64_t identity);
-    bool future_guarded() const;
-    outcome future_event(const envelope& ev, std::uint64_t time, std::string_view message_id, std::string_view body);
-    std::optional<outcome> late(const envelope& ev, std::optional<std::uint64_t> time, std::string_view message_id,
-                                std::string_view body, const std::vector<part>& parts);
-    bool holds(std::size_t p, const std::string& contributor, std::uint64_t hash) const;
-    outcome dead(reason why, std::string detail, std::string_view message_id, std::string_view body);
-    // What the batch reads through its own state.
-    row_slot& load_row(std::size_t p, const std::string& key, std::uint64_t hash);
-    stream_state& stream(const std::string& subject);
-    std::optional<std::string> parked_value(const std::string& key) const;
+    outcome apply_projections(const item& d);
     // What finish() and spill() write.
     void write_rows();
     void write_dead_letters();
     void write_collisions();
+    // The guards.
+    bool ahead(std::uint64_t time, std::uint64_t identity);
+    bool future_guarded() const;
+    bool far_ahead(std::optional<std::uint64_t> time) const;
+    outcome future_event(const item& d);
+    std::optional<outcome> late(const item& d);
+    bool holds(std::size_t p, const std::string& contributor, std::uint64_t hash) const;
+    /// Dead-letters d under message_id (d's own by default), naming where d was read from.
+    outcome dead(const item& d, reason why, std::string detail) { return dead(d, why, std::move(detail), d.message_id); }
+    outcome dead(const item& d, reason why, std::string detail, std::string_view message_id);
+    // What the batch reads through its own state.
+    row_slot& load_row(std::size_t p, const std::string& key, std::uint64_t hash);
+    stream_state& stream(const std::string& subject);
+    std::optional<std::string> parked_value(const std::string& key) const;
+    std::string parked_event_id(std::string_view value) const;
 
     store::impl& s_;
     write_txn& txn_;
@@ -282,7 +292,6 @@ private:
     std::uint64_t time_ns_ = s_.wall_now();
     layout::clock_record clock_;                 // the consumer's event time and inbox floor
     std::uint64_t clock_before_ = 0;             // the event time before the delivery being applied
-    bool future_ = false;                        // the delivery being applied is too far ahead of it
     std::vector<std::uint64_t> contrib_floors_;  // per projection: its contributing sets were pruned below this
     std::deque<string_table<row_slot>> rows_;    // per projection: the rows this batch touched
     string_table<stream_state> streams_;
@@ -291,7 +300,6 @@ private:
     std::vector<std::string> dead_letters_;
     std::vector<std::string> collisions_;  // transport collisions seen, encoded as dead letters are
     std::size_t row_bytes_ = 0;            // an estimate of the memory rows_ holds
-    const prepared_batch::item* current_ = nullptr;  // the delivery being applied (null: a released parked event)
     std::string source_;                              // where the batch was read from, if from a log
     std::map<std::string, std::string> checkpoints_;  // source -> stored value, written at finish()
     std::uint64_t commit_ = 1;

@@ -8,6 +8,8 @@
 
 #include "fixtures.hpp"
 
+#include <idem/storage/log_position.hpp>
+
 #include <doctest/doctest.h>
 
 #include <atomic>
@@ -264,6 +266,74 @@ TEST_CASE("release applies a stream's parked events past its gaps; drop dead-let
     CHECK(audit[1].sequences == std::vector<std::uint64_t>{2, 3});
 
     CHECK_THROWS_AS(store.release("order-3"), std::system_error);
+}
+
+TEST_CASE("a released event is judged as a delivery is: its dead letter names no place of the batch that released it") {
+    temp_dir dir;
+    idem::store store{options(dir.env())};
+    auto broken = std::make_shared<std::atomic<bool>>(true);
+    store.add(fragile(broken, "order-streams", true));
+    auto nth = [](const std::string& order, std::uint64_t n, std::int64_t amount) {
+        return line(order + "-" + std::to_string(n), order, amount, n);
+    };
+    REQUIRE(store.apply(deliver(nth("o1", 1, 10))).kind == outcome_kind::applied);
+    REQUIRE(store.apply(deliver(nth("o1", 3, 21), "t-3")).kind == outcome_kind::parked);  // its handler throws
+
+    // A batch read from a log: o1's sequence 2 (line 7) releases 3; another event (line 8) fails on its own.
+    const auto log = dir.path() / "events.jsonl";
+    auto second = deliver(nth("o1", 2, 20));
+    second.line = 7;
+    second.offset = 80;
+    auto own = deliver(nth("o2", 1, 14));
+    own.line = 8;
+    own.offset = 95;
+    auto outcomes = store.apply(std::vector{second, own}, idem::checkpoint{idem::log_source(log), 120});
+    REQUIRE(outcomes.size() == 2);
+    CHECK(outcomes[0].kind == outcome_kind::applied);
+    CHECK(outcomes[1].kind == outcome_kind::dead_lettered);
+
+    auto snap = store.read();
+    const auto path = std::string(*idem::log_source_path(idem::log_source(log)));
+    auto dead = snap.dead_letters(consumer);
+    REQUIRE(dead.size() == 2);
+    CHECK(dead[0].why == reason::handler_failed);
+    CHECK(dead[0].message_id == idem::transport_message_id("", "t-3"));  // the id it was parked under
+    CHECK(dead[0].body == deliver(nth("o1", 3, 21)).body);
+    CHECK(dead[0].detail.find(path) == std::string::npos);  // released: read in an earlier batch
+    CHECK(dead[0].detail.find("o1-3") != std::string::npos);
+    CHECK(dead[1].why == reason::handler_failed);
+    CHECK(dead[1].detail.starts_with(path + ":8 (byte offset 95): "));
+    CHECK(snap.stats(consumer).released == 1);
+    // Sequence 3 moved its stream on although it failed: 4 applies at once.
+    CHECK(store.apply(deliver(nth("o1", 4, 40))).kind == outcome_kind::applied);
+    reference ref;
+    for (std::uint64_t n : {1u, 2u, 4u}) ref.add("o1", static_cast<std::int64_t>(n) * 10, n);
+    CHECK(dump(store.read(), "order-streams").at("o1") == ref.rows.at("o1"));
+}
+
+TEST_CASE("a released event that its stream already applied under another sequence is applied once") {
+    temp_dir dir;
+    idem::store store{options(dir.env())};
+    store.add(totals_by_subject());
+    store.add(totals_by_order());
+    CHECK(store.apply(deliver(line("o1-1", "o1", 10, 1))).kind == outcome_kind::applied);
+    // The producer sends "moved" at sequence 3, then again at 2 (the position it meant).
+    CHECK(store.apply(deliver(line("moved", "o1", 5, 3), "t-a")).kind == outcome_kind::parked);
+    CHECK(store.apply(deliver(line("moved", "o1", 5, 2), "t-b")).kind == outcome_kind::applied);
+    auto snap = store.read();
+    CHECK(snap.parked(consumer) == 0);
+    CHECK(snap.stats(consumer).released == 1);
+    CHECK(snap.dead_letters(consumer).empty());
+    reference by_stream;
+    by_stream.add("o1", 10, 1);
+    by_stream.add("o1", 5, 2);
+    CHECK(dump(snap, "order-streams").at("o1") == by_stream.rows.at("o1"));
+    reference by_order;
+    by_order.add("o1", 10, 1);
+    by_order.add("o1", 5, 2);
+    CHECK(dump(snap, "order-totals").at("o1") == by_order.rows.at("o1"));
+    CHECK(store.apply(deliver(line("o1-3", "o1", 30, 3))).kind == outcome_kind::duplicate_event);
+    CHECK(store.apply(deliver(line("o1-4", "o1", 40, 4))).kind == outcome_kind::applied);
 }
 
 TEST_CASE("explain finds an event however it was delivered, and computes effect keys per projection") {

@@ -6,6 +6,9 @@
 
 #include "fixtures.hpp"
 
+#include <idem/projections/layout.hpp>
+#include <idem/storage/lmdb.hpp>
+
 #include <doctest/doctest.h>
 
 #include <string>
@@ -126,6 +129,36 @@ TEST_CASE("a parked event republished or redelivered stays parked once") {
     CHECK(store.read().parked(consumer) == 1);
     CHECK(store.apply(deliver(nth(4), "m-4")).kind == outcome_kind::applied);
     CHECK(stream_row(store.read()) == applied_in_order({1, 2, 3, 4, 5}));
+}
+
+TEST_CASE("a parked event stored before its value carried the event id is matched and released as before") {
+    temp_dir dir;
+    idem::store store{options(dir.env())};
+    store.add(totals_by_subject());
+    first_three(store);
+    {
+        // As the parked table held it: [message id] (length-prefixed), then the envelope.
+        std::string old_value;
+        idem::layout::put_str(old_value, "m-5");
+        old_value += deliver(nth(5)).body;
+        auto& env = *store.env();
+        const auto table = env.table(idem::layout::parked_table(consumer));
+        idem::write_txn txn{env};
+        txn.put(table, idem::layout::parked_key("order-1", 5), old_value);
+        txn.commit();
+    }
+    auto parked = store.read().parked_events(consumer);
+    REQUIRE(parked.size() == 1);
+    CHECK(parked[0].message_id == "m-5");
+    CHECK(parked[0].body == deliver(nth(5)).body);
+    CHECK(store.apply(deliver(nth(5), "m-5-again")).kind == outcome_kind::duplicate_event);
+    auto conflict = store.apply(deliver(line("impostor", "order-1", 7, 5), "m-impostor"));
+    CHECK(conflict.why == idem::reason::sequence_conflict);
+    CHECK(store.apply(deliver(nth(4), "m-4")).kind == outcome_kind::applied);
+    auto snap = store.read();
+    CHECK(snap.parked(consumer) == 0);
+    CHECK(snap.stats(consumer).released == 1);
+    CHECK(stream_row(snap) == applied_in_order({1, 2, 3, 4, 5}));
 }
 
 TEST_CASE("the gap policy decides what happens to an event ahead of its stream") {

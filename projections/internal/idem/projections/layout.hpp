@@ -106,8 +106,18 @@ dead_letter decode_dead_letter(std::uint64_t position, std::string_view v);
 std::string parked_key(std::string_view subject, std::uint64_t sequence);
 /// Splits a parked key into (subject, sequence); nullopt if it is not one.
 std::optional<std::pair<std::string, std::uint64_t>> decode_parked_key(std::string_view key);
-/// A parked event's value: [message id] (length-prefixed) then the envelope as received.
-std::string encode_parked(std::string_view message_id, std::string_view body);
+/// A parked event's value: [u32 LE 0xFFFFFFFF][version u8 = 1][message id][event id] (length-prefixed)
+/// then the envelope as received. Stores written before hold [message id] then the envelope:
+/// their first word is the message id's length, which never reaches 0xFFFFFFFF.
+std::string encode_parked(std::string_view message_id, std::string_view event_id, std::string_view body);
+/// One decoded parked value.
+struct parked_value {
+    std::string_view message_id;  ///< the inbox key it was recorded under when parked
+    std::optional<std::string_view> event_id;  ///< what a duplicate check compares (absent in older stores)
+    std::string_view body;                     ///< the envelope as received
+};
+/// Decodes a parked value of either version (throws corrupt_record if truncated or of a newer version).
+parked_value decode_parked_value(std::string_view v);
 /// Splits a parked value into (message id, envelope).
 std::pair<std::string_view, std::string_view> decode_parked(std::string_view v);
 
