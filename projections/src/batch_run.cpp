@@ -53,7 +53,7 @@ std::vector<outcome> store::impl::run(const prepared_batch& prepared, const std:
     prune_steps pruned;
     prune_in_batch(txn, run, pruned);  // expired entries leave with the batch's own commit
     run.finish();
-    if (options.before_commit) options.before_commit(run.commit());
+    detail::before_commit(options, run.commit());
     crash_point("before_commit");
     txn.commit();
     crash_point("after_commit");
@@ -423,16 +423,10 @@ bool batch_run::holds(std::size_t p, const std::string& contributor, std::uint64
 }
 
 outcome batch_run::dead(reason why, std::string detail, std::string_view message_id, std::string_view body) {
-    const auto log_path = log_source_path(source_);
-    if (current_ != nullptr && log_path) {
-        // Read from a log: say where (path:line, or the byte offset once resumed mid-file).
-        const auto path = *log_path;
-        detail = current_->line != 0 ? std::string(path) + ":" + std::to_string(current_->line) + " (byte offset " +
-                                           std::to_string(current_->offset) + "): " + detail
-                                     : std::string(path) + " at byte offset " + std::to_string(current_->offset) +
-                                           ": " + detail;
-    }
-    dead_letters_.push_back(layout::encode_dead_letter(why, detail, message_id, body, time_ns_));
+    // Read from a log: the dead letter keeps where (source, line, byte offset); the CLI says it.
+    layout::dead_letter_origin at;
+    if (current_ != nullptr && log_source_path(source_)) at = {source_, current_->line, current_->offset};
+    dead_letters_.push_back(layout::encode_dead_letter(why, detail, message_id, body, time_ns_, at));
     return outcome{outcome_kind::dead_lettered, why, std::move(detail), 0};
 }
 
@@ -616,7 +610,7 @@ void store::impl::run_operator(const std::function<bool(detail::operator_session
         return;
     }
     run.finish();
-    if (options.before_commit) options.before_commit(run.commit());
+    detail::before_commit(options, run.commit());
     txn.commit();
     ids->committed();
     for (auto& c : contributors) c->committed();
