@@ -156,7 +156,7 @@ int main(int argc, char** argv) {
     // Baseline: the same load for as long as the prune will take (estimated by a first pass
     // that stops once the prune is done; the baseline then runs the same number of seconds).
     auto pruning = live_load(dir, submitters, true, 0, [&](const idem::engine& e) {
-        return e.read().stats("bench").pruned_ids >= ids - 1;  // in batches and in separate steps
+        return e.read().consumer("bench").stats().pruned_ids >= ids - 1;  // in batches and in separate steps
     });
     const auto prune_seconds = pruning.seconds;
     const auto baseline_until = clock_type::now() + std::chrono::duration<double>(std::max(prune_seconds, 2.0));

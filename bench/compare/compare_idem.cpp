@@ -130,7 +130,7 @@ run_result run_live(const run_options& o, std::size_t submitters,
         r.duplicates = s.duplicates;
         const auto snap = engine.read();
         r.state = idem_bench::read_summary(snap);
-        r.figures.emplace_back("inbox_ids", std::to_string(snap.inbox_size(consumer)));
+        r.figures.emplace_back("inbox_ids", std::to_string(snap.consumer(consumer).inbox_size()));
         const auto stats = engine.stats();
         r.figures.emplace_back("batch_p50", idem_bench::fixed(stats.batch_size.p50, 0));
         r.figures.emplace_back("syncs", std::to_string(stats.syncs));
@@ -179,7 +179,7 @@ run_result run_apply(const run_options& o, std::size_t per_txn) {
         r.wchar = io_after.wchar - io_before.wchar;
         const auto snap = store.read();
         r.state = idem_bench::read_summary(snap);
-        r.figures.emplace_back("inbox_ids", std::to_string(snap.inbox_size(consumer)));
+        r.figures.emplace_back("inbox_ids", std::to_string(snap.consumer(consumer).inbox_size()));
     }
     r.store_bytes = file_size_or_zero(db / "data.mdb");
     return r;
@@ -211,7 +211,7 @@ run_result run_rebuild(const run_options& o, const std::filesystem::path& log) {
     {
         const auto snap = idem::snapshot::open(db);
         r.state = idem_bench::read_summary(snap);
-        r.figures.emplace_back("inbox_ids", std::to_string(snap.inbox_size(consumer)));
+        r.figures.emplace_back("inbox_ids", std::to_string(snap.consumer(consumer).inbox_size()));
     }
     r.store_bytes = file_size_or_zero(db / "data.mdb");
     return r;

@@ -1,5 +1,7 @@
 #include <idem/engine/engine.hpp>
 
+#include <idem/projections/store_hooks.hpp>
+
 #include <boost/asio/post.hpp>
 
 #include <algorithm>
@@ -454,7 +456,7 @@ void engine::impl::finish_marker(pending_marker& marker) {
     // Everything before the marker was committed (and, unless durability is none, synced).
     if (options.store.sync == durability::none && marker.stop) {
         try {
-            st->env()->sync(true);  // not promised, but cheap at the end
+            detail::store_env(*st)->sync(true);  // not promised, but cheap at the end
         } catch (const std::system_error&) {
         }
     }

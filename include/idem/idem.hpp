@@ -7,7 +7,6 @@
 #include <idem/storage/envelope.hpp>
 #include <idem/storage/error.hpp>
 #include <idem/storage/event_log.hpp>
-#include <idem/storage/lmdb.hpp>
 #include <idem/engine/engine.hpp>
 #include <idem/sources/compare.hpp>
 #include <idem/sources/consume.hpp>

@@ -19,6 +19,8 @@
 
 #include "store_internal.hpp"
 
+#include <idem/projections/explain.hpp>
+
 #include <idem/storage/canonical.hpp>
 #include <idem/storage/codec.hpp>
 #include <idem/storage/log_position.hpp>
@@ -56,7 +58,7 @@ std::vector<outcome> store::impl::run(const prepared_batch& prepared, const std:
     prune_steps pruned;
     prune_in_batch(txn, run, pruned);  // expired entries leave with the batch's own commit
     run.finish();
-    if (options.before_commit) options.before_commit(run.commit());
+    detail::before_commit(options, run.commit());
     crash_point("before_commit");
     txn.commit();
     crash_point("after_commit");
@@ -510,15 +512,20 @@ bool batch_run::holds(std::size_t p, const std::string& contributor, std::uint64
 }
 
 outcome batch_run::dead(const item& d, reason why, std::string detail, std::string_view message_id) {
-    const auto log_path = log_source_path(source_);
-    if (!d.from_store && log_path) {
-        // Read from a log: say where (path:line, or the byte offset once resumed mid-file).
-        const auto path = *log_path;
-        detail = d.line != 0 ? std::string(path) + ":" + std::to_string(d.line) + " (byte offset " +
-                                   std::to_string(d.offset) + "): " + detail
-                             : std::string(path) + " at byte offset " + std::to_string(d.offset) + ": " + detail;
+    // Read from a log: the dead letter keeps where (source, line, byte offset) as fields; the
+    // outcome says it in its text, as `deadletters` and `why` do (path:line, or the byte offset
+    // once resumed mid-file).
+    layout::dead_letter_origin at;
+    if (!d.from_store && log_source_path(source_)) at = {source_, d.line, d.offset};
+    dead_letters_.push_back(layout::encode_dead_letter(why, detail, message_id, d.body, time_ns_, at));
+    if (!at.source.empty()) {
+        dead_letter located;
+        located.detail = std::move(detail);
+        located.source = at.source;
+        located.line = at.line;
+        located.offset = at.offset;
+        detail = located_detail(located);
     }
-    dead_letters_.push_back(layout::encode_dead_letter(why, detail, message_id, d.body, time_ns_));
     return outcome{outcome_kind::dead_lettered, why, std::move(detail), 0};
 }
 
@@ -624,7 +631,7 @@ void store::impl::run_operator(const std::function<bool(detail::operator_session
         return;
     }
     run.finish();
-    if (options.before_commit) options.before_commit(run.commit());
+    detail::before_commit(options, run.commit());
     txn.commit();
     ids->committed();
     for (auto& c : contributors) c->committed();

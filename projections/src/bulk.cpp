@@ -44,7 +44,7 @@ void store::end_bulk() {
     if (!s.bulk) throw_error(errc::invalid_argument, "end_bulk: no bulk build is running");
     try {
         s.bulk->finish();
-        if (s.options.before_commit) s.options.before_commit(s.bulk->commit());
+        detail::before_commit(s.options, s.bulk->commit());
         crash_point("before_commit");
         s.bulk_txn->commit();
         crash_point("after_commit");

@@ -143,13 +143,13 @@ store& store::add_projection(std::unique_ptr<projection_base> p) {
     return *this;
 }
 
-snapshot store::read() const { return snapshot{impl_->env}; }
+snapshot store::read() const { return detail::snapshot_of(impl_->env); }
 
 std::uint64_t store::last_commit() const { return read().commit(); }
 
 std::size_t store::inbox_size() const { return impl_->ids->size(); }
 
-const std::shared_ptr<environment>& store::env() const noexcept { return impl_->env; }
+const std::shared_ptr<environment>& detail::store_access::env(const store& s) noexcept { return s.impl_->env; }
 
 const store_options& store::options() const noexcept { return impl_->options; }
 

@@ -3,6 +3,7 @@
 #include <idem/storage/duration.hpp>
 #include <idem/storage/envelope.hpp>
 #include <idem/storage/error.hpp>
+#include <idem/storage/log_position.hpp>
 
 #include <algorithm>
 
@@ -42,19 +43,31 @@ why_row check_row(const snapshot& snap, const projection_base& p, const std::str
                  "(only parked and dead-lettered events keep it): its effect key cannot be computed";
         return r;
     }
-    r.holds = snap.contributed(p.name(), key, *r.effect_key);
+    const auto contributing = snap.projection(p.name());
+    r.holds = contributing.contributed(key, *r.effect_key);
     r.note = "row '" + key + "' of " + p.name() + (*r.holds ? " holds" : " does not hold") + " its effect key '" +
              (*r.effect_key == event_id ? "(its event id)" : *r.effect_key) + "'";
-    if (!*r.holds && snap.contributor_floor(p.name()) != 0) {
-        r.note += " (effect keys from before " + format_utc(snap.contributor_floor(p.name())) + " were pruned)";
+    if (!*r.holds && contributing.contributor_floor() != 0) {
+        r.note += " (effect keys from before " + format_utc(contributing.contributor_floor()) + " were pruned)";
     }
     return r;
 }
 
 }  // namespace
 
-explanation explain(const snapshot& snap, std::string_view consumer_view, const why_query& q) {
-    const std::string consumer(consumer_view);
+std::string located_detail(const dead_letter& d) {
+    const auto path = log_source_path(d.source);
+    if (!path) return d.detail;
+    if (d.line != 0) {
+        return std::string(*path) + ":" + std::to_string(d.line) + " (byte offset " + std::to_string(d.offset) + "): " +
+               d.detail;
+    }
+    return std::string(*path) + " at byte offset " + std::to_string(d.offset) + ": " + d.detail;
+}
+
+explanation explain(const snapshot& snap, std::string_view consumer_name, const why_query& q) {
+    const std::string consumer(consumer_name);
+    const auto tables = snap.consumer(consumer);
     explanation x;
     std::vector<std::string> candidates;  // the message ids it may be recorded under
     std::string event_id;
@@ -64,20 +77,20 @@ explanation explain(const snapshot& snap, std::string_view consumer_view, const 
         e.source = q.source;
         e.id = q.id;
         event_id = e.event_id();
-        candidates = snap.message_ids_of(consumer, event_id);
+        candidates = tables.message_ids_of(event_id);
         label = "event " + q.source + " " + q.id;
     } else if (!q.message.empty()) {
         candidates.push_back(transport_message_id(q.transport, q.message));
         label = "message " + q.message + (q.transport.empty() ? std::string() : " of transport " + q.transport);
-        if (q.transport.empty() && !snap.inbox_lookup(consumer, candidates.front())) {
+        if (q.transport.empty() && !tables.inbox_lookup(candidates.front())) {
             // No transport named: the id under whichever transport holds it (a log's, by default).
-            if (auto found = snap.inbox_lookup_transport_id(consumer, q.message)) {
+            if (auto found = tables.inbox_lookup_transport_id(q.message)) {
                 candidates.front() = found->first;
                 const auto [t, id] = split_message_id(found->first);
                 if (!t.empty()) label += " of transport " + std::string(t);
             }
         }
-        if (auto e = snap.event_id_of(consumer, candidates.front())) event_id = *e;
+        if (auto e = tables.event_id_of(candidates.front())) event_id = *e;
     } else {
         throw_error(errc::invalid_argument, "explain: name an event (source and id) or a message id");
     }
@@ -87,7 +100,7 @@ explanation explain(const snapshot& snap, std::string_view consumer_view, const 
     // The event may have arrived under several ids (a transport id, then re-sent): its story
     // starts with the earliest commit.
     for (const auto& m : candidates) {
-        auto r = snap.inbox_lookup(consumer, m);
+        auto r = tables.inbox_lookup(m);
         if (r && (!x.first || r->commit < x.first->commit)) {
             x.first = r;
             x.message_id = m;
@@ -99,17 +112,17 @@ explanation explain(const snapshot& snap, std::string_view consumer_view, const 
         parse_error err;
         return parser.parse(text, out, err) && !event_id.empty() && out.event_id() == event_id;
     };
-    for (auto& p : snap.parked_events(consumer)) {
+    for (auto& p : tables.parked_events()) {
         envelope ev;
         const bool by_id = same_event(p.body, ev);
         if (!by_id && !candidate(p.message_id)) continue;
-        x.parked = snapshot::parked_record{p.subject, p.sequence, p.waiting_for};
+        x.parked = consumer_view::parked_record{p.subject, p.sequence, p.waiting_for};
         if (x.message_id.empty()) x.message_id = p.message_id;
         parse_error err;
         if (by_id || parser.parse(p.body, ev, err)) body = ev;
         break;
     }
-    for (auto& d : snap.dead_letters(consumer)) {
+    for (auto& d : tables.dead_letters()) {
         envelope ev;
         const bool by_id = !d.truncated && same_event(d.body, ev);
         if (!by_id && !candidate(d.message_id)) continue;
@@ -127,7 +140,7 @@ explanation explain(const snapshot& snap, std::string_view consumer_view, const 
     // under a transport id another event had used (each judged as a new message).
     std::uint64_t collided = 0;
     std::optional<dead_letter> carried;
-    for (auto& d : snap.collisions(consumer)) {
+    for (auto& d : tables.collisions()) {
         envelope ev;
         if (!q.source.empty()) {
             if (!carried && same_event(d.body, ev)) carried = std::move(d);
@@ -161,7 +174,7 @@ explanation explain(const snapshot& snap, std::string_view consumer_view, const 
         case outcome_kind::dead_lettered:
             x.answer = x.dead && x.dead->why == reason::late_event ? "late" : "dead_lettered";
             detail = label + " was dead-lettered" + when +
-                     (x.dead ? ": " + std::string(to_string(x.dead->why)) + ": " + x.dead->detail
+                     (x.dead ? ": " + std::string(to_string(x.dead->why)) + ": " + located_detail(*x.dead)
                              : std::string(" (its dead letter was redriven since)"));
             break;
         case outcome_kind::ignored:
@@ -184,8 +197,8 @@ explanation explain(const snapshot& snap, std::string_view consumer_view, const 
         detail = label + ": " + carried->detail;
     } else if (x.dead) {
         x.answer = x.dead->why == reason::late_event ? "late" : "dead_lettered";
-        detail = label + " was dead-lettered: " + std::string(to_string(x.dead->why)) + ": " + x.dead->detail;
-    } else if (const auto retention = snap.retention(consumer); retention.inbox_floor != 0) {
+        detail = label + " was dead-lettered: " + std::string(to_string(x.dead->why)) + ": " + located_detail(*x.dead);
+    } else if (const auto retention = tables.retention(); retention.inbox_floor != 0) {
         x.answer = "not_in_inbox";
         detail = label + " is not in the inbox: never seen, or first seen before " + format_utc(retention.inbox_floor) +
                  " and pruned since (the inbox keeps ids from " + format_utc(retention.oldest.value_or(0)) + ")";

@@ -167,14 +167,28 @@ std::string encode_stats(const consumer_stats& s) {
     return out;
 }
 
+namespace {
+// Flags in a dead letter's reason byte (reasons stay below 64).
+constexpr unsigned dead_letter_truncated = 0x80u;
+constexpr unsigned dead_letter_has_origin = 0x40u;
+constexpr unsigned dead_letter_reason_mask = 0x3fu;
+}  // namespace
+
 std::string encode_dead_letter(reason why, std::string_view detail, std::string_view message_id,
-                               std::string_view body, std::uint64_t time_ns) {
+                               std::string_view body, std::uint64_t time_ns, const dead_letter_origin& at) {
     const bool cut = why == reason::too_large && body.size() > dead_letter_prefix;
+    const bool origin = !at.source.empty();
     std::string out;
-    out.push_back(static_cast<char>(static_cast<unsigned>(why) | (cut ? 0x80u : 0u)));
+    out.push_back(static_cast<char>(static_cast<unsigned>(why) | (cut ? dead_letter_truncated : 0u) |
+                                    (origin ? dead_letter_has_origin : 0u)));
     codec::put_u64_le(out, time_ns);
     put_str(out, message_id);
     put_str(out, detail);
+    if (origin) {
+        put_str(out, at.source);
+        codec::put_u64_le(out, at.line);
+        codec::put_u64_le(out, at.offset);
+    }
     if (cut) {
         codec::put_u64_le(out, body.size());
         codec::put_u64_le(out, body_digest(body));
@@ -189,13 +203,20 @@ dead_letter decode_dead_letter(std::uint64_t position, std::string_view v) {
     dead_letter d;
     d.position = position;
     const auto first = static_cast<unsigned char>(v[0]);
-    d.why = static_cast<reason>(first & 0x7fu);
+    d.why = static_cast<reason>(first & dead_letter_reason_mask);
     d.time_ns = codec::get_u64_le(v.substr(1));
     v.remove_prefix(9);
     d.message_id = take_str(v);
     d.detail = take_str(v);
+    if ((first & dead_letter_has_origin) != 0) {
+        d.source = take_str(v);
+        if (v.size() < 16) throw_error(errc::corrupt_record, "truncated dead letter");
+        d.line = codec::get_u64_le(v);
+        d.offset = codec::get_u64_le(v.substr(8));
+        v.remove_prefix(16);
+    }
     d.body_size = v.size();
-    if ((first & 0x80u) != 0) {
+    if ((first & dead_letter_truncated) != 0) {
         if (v.size() < 16) throw_error(errc::corrupt_record, "truncated dead letter");
         d.truncated = true;
         d.body_size = codec::get_u64_le(v);

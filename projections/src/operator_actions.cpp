@@ -8,6 +8,7 @@
 
 #include "event_ids.hpp"
 #include "operator_session.hpp"
+#include "store_internal.hpp"
 
 #include <idem/storage/codec.hpp>
 #include <idem/storage/envelope.hpp>
@@ -72,7 +73,7 @@ release_result store::release(std::string_view subject_view, const release_optio
         throw_error(errc::invalid_argument, "releasing parked events applies them as the park gap policy does; "
                                             "this store was opened with another policy");
     }
-    const auto audit = env()->table(layout::audit_table(this->options().consumer));  // before the write transaction
+    const auto audit = impl_->env->table(layout::audit_table(this->options().consumer));  // before the write transaction
     release_result result;
     operate([&](detail::operator_session& op) {
         result = release_result{};
@@ -132,7 +133,7 @@ release_result store::release(std::string_view subject_view, const release_optio
 }
 
 redrive_result store::redrive(const redrive_options& options) {
-    const auto audit = env()->table(layout::audit_table(this->options().consumer));
+    const auto audit = impl_->env->table(layout::audit_table(this->options().consumer));
     redrive_result result;
     operate([&](detail::operator_session& op) {
         result = redrive_result{};
@@ -145,17 +146,13 @@ redrive_result store::redrive(const redrive_options& options) {
         std::vector<std::uint64_t> positions;
         for (const auto& [position, value] : taken) {
             if (options.position && *options.position != position) continue;
-            // The dead letter as snapshot::dead_letters() reads it.
-            std::string_view v = value;
-            if (v.size() < 9) throw_error(errc::corrupt_record, "truncated dead letter");
-            const auto first = static_cast<unsigned char>(v[0]);
+            auto letter = layout::decode_dead_letter(position, value);
+            const std::string_view v = letter.body;
             redriven item;
             item.position = position;
-            item.was = static_cast<reason>(first & 0x7fu);
-            v.remove_prefix(9);
-            item.message_id = layout::take_str(v);
-            layout::take_str(v);  // the detail
-            const bool truncated = (first & 0x80u) != 0;
+            item.was = letter.why;
+            item.message_id = std::move(letter.message_id);
+            const bool truncated = letter.truncated;
             if (options.why && *options.why != item.was) continue;
             envelope ev;
             parse_error err;
@@ -221,16 +218,16 @@ redrive_result store::redrive(const redrive_options& options) {
     return result;
 }
 
-// --- snapshot reads ---------------------------------------------------------------------
+// --- a consumer's parked events and audit, as a snapshot sees them ----------------------------
 
-std::vector<parked_stream> snapshot::parked_streams(std::string_view consumer) const {
+std::vector<parked_stream> consumer_view::parked_streams() const {
     std::vector<parked_stream> out;
-    auto parked = table(layout::parked_table(consumer));
+    auto parked = snap_->table(layout::parked_table(name_));
     if (!parked) return out;
-    auto streams = table(layout::streams_table(consumer));
+    auto streams = snap_->table(layout::streams_table(name_));
     std::map<std::string, std::size_t> at_message;  // parked message id -> index in out
     {
-        cursor c{txn_, *parked};
+        cursor c{snap_->txn, *parked};
         for (auto e = c.first(); e; e = c.next()) {
             auto k = codec::decode_table_key(e->first);
             if (!k || k->effect.size() != 8) continue;
@@ -238,7 +235,7 @@ std::vector<parked_stream> snapshot::parked_streams(std::string_view consumer) c
                 parked_stream s;
                 s.subject = k->aggregate;
                 if (streams) {
-                    if (auto h = txn_.get(*streams, s.subject); h && h->size() >= 8) s.highest = codec::get_u64_le(*h);
+                    if (auto h = snap_->txn.get(*streams, s.subject); h && h->size() >= 8) s.highest = codec::get_u64_le(*h);
                 }
                 out.push_back(std::move(s));
             }
@@ -251,8 +248,8 @@ std::vector<parked_stream> snapshot::parked_streams(std::string_view consumer) c
         }
     }
     // When each was parked: its message id's inbox stamp (one walk of the inbox).
-    if (auto inbox = table(layout::inbox_table(consumer)); inbox && !at_message.empty()) {
-        cursor c{txn_, *inbox};
+    if (auto inbox = snap_->table(layout::inbox_table(name_)); inbox && !at_message.empty()) {
+        cursor c{snap_->txn, *inbox};
         for (auto e = c.first(); e; e = c.next()) {
             const auto entry = layout::decode_inbox_entry(e->second);
             if (!entry) continue;
@@ -266,12 +263,12 @@ std::vector<parked_stream> snapshot::parked_streams(std::string_view consumer) c
     return out;
 }
 
-std::vector<snapshot::parked_event> snapshot::parked_events(std::string_view consumer) const {
+std::vector<consumer_view::parked_event> consumer_view::parked_events() const {
     std::vector<parked_event> out;
-    auto parked = table(layout::parked_table(consumer));
+    auto parked = snap_->table(layout::parked_table(name_));
     if (!parked) return out;
-    auto streams = table(layout::streams_table(consumer));
-    cursor c{txn_, *parked};
+    auto streams = snap_->table(layout::streams_table(name_));
+    cursor c{snap_->txn, *parked};
     for (auto e = c.first(); e; e = c.next()) {
         auto k = codec::decode_table_key(e->first);
         if (!k || k->effect.size() != 8) continue;
@@ -280,7 +277,7 @@ std::vector<snapshot::parked_event> snapshot::parked_events(std::string_view con
         p.sequence = codec::get_u64_be(k->effect);
         std::uint64_t highest = 0;
         if (streams) {
-            if (auto h = txn_.get(*streams, p.subject); h && h->size() >= 8) highest = codec::get_u64_le(*h);
+            if (auto h = snap_->txn.get(*streams, p.subject); h && h->size() >= 8) highest = codec::get_u64_le(*h);
         }
         p.waiting_for = highest + 1;
         const auto [message_id, body] = layout::decode_parked(e->second);
@@ -291,27 +288,27 @@ std::vector<snapshot::parked_event> snapshot::parked_events(std::string_view con
     return out;
 }
 
-std::vector<operator_action> snapshot::operator_actions(std::string_view consumer) const {
+std::vector<operator_action> consumer_view::operator_actions() const {
     std::vector<operator_action> out;
-    auto t = table(layout::audit_table(consumer));
+    auto t = snap_->table(layout::audit_table(name_));
     if (!t) return out;
-    cursor c{txn_, *t};
+    cursor c{snap_->txn, *t};
     for (auto e = c.first(); e; e = c.next()) out.push_back(layout::decode_action(codec::get_u64_be(e->first), e->second));
     return out;
 }
 
-std::vector<std::string> snapshot::message_ids_of(std::string_view consumer, std::string_view event_id) const {
+std::vector<std::string> consumer_view::message_ids_of(std::string_view event_id) const {
     std::vector<std::string> out{"e" + std::string(event_id)};
-    if (auto t = table(layout::event_ids_table(consumer))) {
-        for (auto& m : detail::event_id_log::message_ids(txn_, *t, event_id)) out.push_back(std::move(m));
+    if (auto t = snap_->table(layout::event_ids_table(name_))) {
+        for (auto& m : detail::event_id_log::message_ids(snap_->txn, *t, event_id)) out.push_back(std::move(m));
     }
     return out;
 }
 
-std::optional<std::string> snapshot::event_id_of(std::string_view consumer, std::string_view message_id) const {
-    auto t = table(layout::event_ids_table(consumer));
+std::optional<std::string> consumer_view::event_id_of(std::string_view message_id) const {
+    auto t = snap_->table(layout::event_ids_table(name_));
     if (!t) return std::nullopt;
-    return detail::event_id_log::event_id(txn_, *t, message_id);
+    return detail::event_id_log::event_id(snap_->txn, *t, message_id);
 }
 
 }  // namespace idem

@@ -15,6 +15,7 @@
 
 #include <idem/projections/layout.hpp>
 #include <idem/projections/store.hpp>
+#include <idem/projections/store_hooks.hpp>
 
 #include "event_ids.hpp"
 #include "operator_session.hpp"
@@ -28,6 +29,7 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <mutex>
 #include <memory>
 #include <optional>
 #include <string>
@@ -306,4 +308,34 @@ private:
 };
 
 }  // namespace detail
+
+/// A snapshot's state: the environment, its read transaction, and the journals it has read.
+struct snapshot::impl {
+    explicit impl(std::shared_ptr<environment> e);
+
+    /// Returns a table's handle, or nullopt if it does not exist as this transaction sees it.
+    std::optional<MDB_dbi> table(const std::string& name) const;
+    /// Returns a projection's row table (throws unknown_projection).
+    MDB_dbi row_table(std::string_view projection) const;
+    /// Returns the rows a projection's journals hold, read on first need.
+    detail::journal_view& journal(std::string_view projection) const;
+    /// Looks a row up in a projection's journals: true if they answered (v set if they hold it).
+    bool find_journaled(std::string_view projection, std::string_view row_key, std::optional<std::string_view>& v) const;
+
+    std::shared_ptr<environment> env;
+    read_txn txn;
+
+private:
+    /// The journals of each projection as this snapshot sees them.
+    struct journals_entry {
+        detail::journal_state state;
+        std::shared_ptr<detail::journal_index> index;  // shared by the environment's snapshots in this process
+        std::optional<detail::journal_view> view;      // read on first need: scans, and point reads the index cannot answer
+    };
+    journals_entry& journals(std::string_view projection) const;
+
+    mutable std::mutex mutex_;  // a snapshot may be read from several threads
+    mutable std::map<std::string, journals_entry, std::less<>> journals_;
+};
+
 }  // namespace idem

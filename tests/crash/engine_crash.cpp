@@ -202,22 +202,22 @@ std::string kind_name(idem::outcome_kind k) { return std::string(idem::to_string
 /// (counting a row's contributors walks its projection's whole contributor log).
 void check_invariants(const idem::snapshot& snap, bool all_rows) {
     const std::string consumer = "idem";
-    const auto stats = snap.stats(consumer);
+    const auto stats = snap.consumer(consumer).stats();
     auto count = [&](idem::outcome_kind k) { return stats.outcomes[static_cast<std::size_t>(k)]; };
     std::uint64_t deliveries = 0;
     for (auto n : stats.outcomes) deliveries += n;
     const auto recorded = deliveries - count(idem::outcome_kind::duplicate_message);
-    if (snap.inbox_size(consumer) != recorded) {
-        throw divergence("the inbox holds " + std::to_string(snap.inbox_size(consumer)) + " ids, but " +
+    if (snap.consumer(consumer).inbox_size() != recorded) {
+        throw divergence("the inbox holds " + std::to_string(snap.consumer(consumer).inbox_size()) + " ids, but " +
                          std::to_string(recorded) + " deliveries were not duplicate messages");
     }
     const auto parked = count(idem::outcome_kind::parked) - stats.released;
-    if (snap.parked(consumer) != parked) {
-        throw divergence(std::to_string(snap.parked(consumer)) + " events are parked, the counters say " +
+    if (snap.consumer(consumer).parked() != parked) {
+        throw divergence(std::to_string(snap.consumer(consumer).parked()) + " events are parked, the counters say " +
                          std::to_string(parked));
     }
-    if (snap.dead_letter_count(consumer) != count(idem::outcome_kind::dead_lettered)) {
-        throw divergence(std::to_string(snap.dead_letter_count(consumer)) + " dead letters, the counters say " +
+    if (snap.consumer(consumer).dead_letter_count() != count(idem::outcome_kind::dead_lettered)) {
+        throw divergence(std::to_string(snap.consumer(consumer).dead_letter_count()) + " dead letters, the counters say " +
                          std::to_string(count(idem::outcome_kind::dead_lettered)));
     }
     if (snap.commit() != stats.batches) {
@@ -231,7 +231,7 @@ void check_invariants(const idem::snapshot& snap, bool all_rows) {
         const std::size_t n = all_rows ? rows.size() : std::min(rows.size(), window);
         for (std::size_t i = 0; i < n; ++i) {
             const auto& [key, version] = rows[(snap.commit() * window + i) % rows.size()];
-            const auto contributors = snap.contributors(p, key);
+            const auto contributors = snap.projection(p).contributors(key);
             if (contributors != version) {
                 throw divergence(std::string(p) + " row '" + key + "' has version " + std::to_string(version) +
                                  " but " + std::to_string(contributors) + " contributing effect keys");

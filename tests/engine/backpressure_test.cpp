@@ -119,7 +119,7 @@ TEST_CASE("with at most 8 in flight, 10,000 submissions all complete and the eng
     CHECK(stats.failed == 0);
     auto snap = e.read();
     CHECK(dump(snap, "order-totals") == w.expected().rows);
-    CHECK(snap.inbox_size(consumer) == submissions);
+    CHECK(snap.consumer(consumer).inbox_size() == submissions);
 }
 
 }  // TEST_SUITE

@@ -9,6 +9,7 @@
 // (and any violated property as text), and the test thread asserts once they are done.
 
 #include <idem/engine/engine.hpp>
+#include <idem/projections/store_hooks.hpp>
 
 #include "../projections/fixtures.hpp"
 
@@ -229,7 +230,7 @@ class commit_gate {
 public:
     /// Makes the store call this gate right before each commit.
     void install(idem::engine_options& o) {
-        o.store.before_commit = [this](std::uint64_t commit) { before_commit(commit); };
+        idem::detail::set_before_commit(o.store, [this](std::uint64_t commit) { before_commit(commit); });
     }
     /// Holds the commit numbered `commit` inside its transaction until open() is called.
     void hold(std::uint64_t commit) {

@@ -63,7 +63,7 @@ struct observable {
 
 observable observe(const idem::engine& e) {
     auto snap = e.read();
-    return observable{dump(snap, "order-totals"), snap.inbox_size(consumer), snap.commit()};
+    return observable{dump(snap, "order-totals"), snap.consumer(consumer).inbox_size(), snap.commit()};
 }
 
 // Reads the committed state from its own thread, over and over, until stopped. In the
@@ -97,7 +97,7 @@ private:
                 auto snap = e.read();
                 std::int64_t lines = 0;
                 for (const auto& [order, row] : dump(snap, "order-totals")) lines += row.lines;
-                const auto inbox = snap.inbox_size(consumer);
+                const auto inbox = snap.consumer(consumer).inbox_size();
                 if (static_cast<std::size_t>(lines) != inbox) {
                     problem("commit " + std::to_string(snap.commit()) + " shows " + std::to_string(lines) +
                             " lines but " + std::to_string(inbox) + " message ids");
@@ -380,13 +380,13 @@ TEST_CASE("snapshots taken while the engine recovers from MDB_PANIC show committ
         auto snap = e.read();
         CHECK(dump(snap, "order-totals") == ref.rows);
         CHECK(snap.commit() == last_commit);
-        CHECK(snap.inbox_size(consumer) == 40);
+        CHECK(snap.consumer(consumer).inbox_size() == 40);
     }
     // And on disk, opened afresh.
     idem::store reopened{options(dir.env())};
     auto snap = reopened.read();
     CHECK(dump(snap, "order-totals") == ref.rows);
-    CHECK(snap.inbox_size(consumer) == 40);
+    CHECK(snap.consumer(consumer).inbox_size() == 40);
 }
 
 TEST_CASE("a thread holding a snapshot may take another while the engine recovers from MDB_PANIC") {

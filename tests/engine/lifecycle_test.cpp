@@ -163,7 +163,7 @@ TEST_CASE("stop completes everything submitted before it and cancels everything 
     const auto stats = e.stats();
     auto snap = e.read();
     CHECK(dump(snap, "order-totals") == w.expected([&](std::size_t ev) { return stored[ev]; }).rows);
-    CHECK(snap.inbox_size(consumer) == before_ok + racing_ok);
+    CHECK(snap.consumer(consumer).inbox_size() == before_ok + racing_ok);
     CHECK(snap.commit() == stats.last_commit);
     CHECK(stats.in_flight == 0);
     CHECK(stats.waiting == 0);
@@ -240,7 +240,7 @@ TEST_CASE("destroying an engine without stopping it completes the work in flight
     idem::store reopened{options(dir.env())};
     auto snap = reopened.read();
     CHECK(dump(snap, "order-totals") == w.expected().rows);
-    CHECK(snap.inbox_size(consumer) == w.message_ids);
+    CHECK(snap.consumer(consumer).inbox_size() == w.message_ids);
 }
 
 }  // TEST_SUITE

@@ -45,7 +45,7 @@ TEST_CASE("the writer prunes expired ids between batches; a redelivery after the
     auto stats = e.stats();
     CHECK(stats.pruned_ids == 39);  // all but the last entry, in steps of at most 7
     CHECK(stats.prune_seconds.count >= 6);
-    CHECK(e.read().inbox_size(consumer) == 1);
+    CHECK(e.read().consumer(consumer).inbox_size() == 1);
     // Read before the next batch: that batch prunes the entry kept so far, now no longer the last.
     CHECK(e.prometheus().find("idem_pruned_total{consumer=\"projector\",table=\"inbox\"} 39") != std::string::npos);
     // Redelivered after its id expired: judged by the contributing set.

@@ -190,7 +190,7 @@ TEST_CASE("every token kind, from threads and coroutines at once, with duplicate
     {
         auto snap = e.read();
         CHECK(dump(snap, "order-totals") == w.expected().rows);
-        CHECK(snap.inbox_size(consumer) == w.message_ids);
+        CHECK(snap.consumer(consumer).inbox_size() == w.message_ids);
     }
     const auto stats = e.stats();
     std::uint64_t completed = 0;

@@ -313,7 +313,7 @@ TEST_SUITE("game") {
         REQUIRE(row);
         CHECK(row->state.items == std::map<std::string, std::int64_t>{{"gem", 1}, {"key", 1}});
         CHECK(row->version == 3);
-        CHECK(snap.stats(consumer).released == 1);
+        CHECK(snap.consumer(consumer).stats().released == 1);
     }
 
     TEST_CASE("states read back from the JSON they print") {

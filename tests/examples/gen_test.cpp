@@ -82,13 +82,13 @@ fed generate_and_apply(const ex::gen_options& o, const std::filesystem::path& di
     if (!batch.empty()) flush();
 
     auto snap = store.read();
-    const auto stats = snap.stats(consumer);
+    const auto stats = snap.consumer(consumer).stats();
     for (std::size_t k = 0; k < idem::outcome_kinds; ++k) {
         f.outcomes[std::string(idem::to_string(static_cast<idem::outcome_kind>(k)))] = stats.outcomes[k];
     }
     f.outcomes["released"] = stats.released;
-    for (const auto& d : snap.dead_letters(consumer)) ++f.reasons[std::string(idem::to_string(d.why))];
-    f.parked = snap.parked(consumer);
+    for (const auto& d : snap.consumer(consumer).dead_letters()) ++f.reasons[std::string(idem::to_string(d.why))];
+    f.parked = snap.consumer(consumer).parked();
     f.totals = ex::domain_totals(snap, o.domain);
 
     // The rows agree with themselves, whatever the prediction says.

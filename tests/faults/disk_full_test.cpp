@@ -406,7 +406,7 @@ void check_child(const char* test_case) {
             s.add(totals_by_order());
             auto snap = s.read();
             CHECK(differs(snap, crash ? r.report.acked : everything()) == "");
-            if (!crash) CHECK(snap.inbox_size(consumer) == groups * per_group);
+            if (!crash) CHECK(snap.consumer(consumer).inbox_size() == groups * per_group);
             for (std::size_t n = 0; n < full_from * per_group; ++n) CHECK(r.report.acked.contains(n));
         }
     }

@@ -59,7 +59,7 @@ struct expected_state {
 
 expected_state observe(const idem::store& s) {
     auto snap = s.read();
-    return {dump(snap, "order-totals"), snap.inbox_size(consumer), snap.commit()};
+    return {dump(snap, "order-totals"), snap.consumer(consumer).inbox_size(), snap.commit()};
 }
 
 }  // namespace
@@ -153,7 +153,7 @@ TEST_CASE("MAP_FULL at every commit boundary stores nothing of the failing batch
         for (const auto& b : batches) again.apply(b);
         auto snap = again.read();
         CHECK(dump(snap, "order-totals") == states.back().rows);
-        CHECK(snap.inbox_size(consumer) == states.back().inbox);
+        CHECK(snap.consumer(consumer).inbox_size() == states.back().inbox);
     }
     CHECK(limits > growing.size());
     for (auto c : growing) {

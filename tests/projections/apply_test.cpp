@@ -48,8 +48,8 @@ TEST_CASE("a redelivered message leaves every row unchanged") {
         auto snap = store.read();
         CHECK(dump(snap, "order-totals") == ref.rows);
         CHECK(store.inbox_size() == inbox);
-        CHECK(snap.inbox_size(consumer) == inbox);
-        CHECK(snap.contributors("order-totals", "order-1") == 2);
+        CHECK(snap.consumer(consumer).inbox_size() == inbox);
+        CHECK(snap.projection("order-totals").contributors("order-1") == 2);
     }
     SUBCASE("in the same batch") {
         std::vector<idem::delivery> doubled;
@@ -107,7 +107,7 @@ TEST_CASE("the same event republished under a new message id is applied once") {
     }
     auto snap = store.read();
     CHECK(dump(snap, "order-totals") == ref.rows);
-    CHECK(snap.contributors("order-totals", "order-1") == 1);
+    CHECK(snap.projection("order-totals").contributors("order-1") == 1);
 
     // The same id from another source is another event.
     CHECK(store.apply(deliver(line("line-1", "order-1", 3, std::nullopt, "/other-shop"), "msg-x")).kind ==
@@ -148,7 +148,7 @@ TEST_CASE("two events with the same effect key apply once") {
     REQUIRE(row);
     CHECK(row->state.qty == expected);
     CHECK(row->version == by_exec.size());
-    CHECK(store.read().contributors("positions", "acct-1") == by_exec.size());
+    CHECK(store.read().projection("positions").contributors("acct-1") == by_exec.size());
 }
 
 TEST_CASE("an event is recognised whatever its field order, whitespace and extra attributes") {
@@ -179,7 +179,7 @@ TEST_CASE("an event is recognised whatever its field order, whitespace and extra
     auto o = store.apply(idem::delivery{body, "msg-2"});
     CHECK(o.kind == outcome_kind::duplicate_event);
     CHECK(dump(store.read(), "order-totals") == ref.rows);
-    CHECK(store.read().dead_letters(consumer).empty());
+    CHECK(store.read().consumer(consumer).dead_letters().empty());
 }
 
 TEST_CASE("an event without an id is dead-lettered and never deduplicated by content") {
@@ -219,7 +219,7 @@ TEST_CASE("an event without an id is dead-lettered and never deduplicated by con
         CHECK(later.why == idem::reason::missing_id);
 
         auto snap = store.read();
-        auto letters = snap.dead_letters(consumer);
+        auto letters = snap.consumer(consumer).dead_letters();
         REQUIRE(letters.size() == 3);
         for (const auto& d : letters) {
             CHECK(d.why == idem::reason::missing_id);
@@ -348,7 +348,7 @@ TEST_CASE("malformed events are dead-lettered with their reason and the batch go
     ref.add("order-1", 3);
     ref.add("order-1", 4);
     CHECK(dump(snap, "order-totals") == ref.rows);
-    auto letters = snap.dead_letters(consumer);
+    auto letters = snap.consumer(consumer).dead_letters();
     REQUIRE(letters.size() == 1);
     CHECK(letters[0].why == why);
     CHECK(letters[0].body == body);
@@ -356,7 +356,7 @@ TEST_CASE("malformed events are dead-lettered with their reason and the batch go
     CHECK(letters[0].time_ns > 0);
     // The transport id identifies the redelivery of a malformed message.
     CHECK(store.apply(idem::delivery{body, "m-bad"}).kind == outcome_kind::duplicate_message);
-    CHECK(store.read().dead_letters(consumer).size() == 1);
+    CHECK(store.read().consumer(consumer).dead_letters().size() == 1);
 }
 
 TEST_CASE("JSON data sent as data_base64 reaches the handler as that JSON, and is the same content as data") {
@@ -379,7 +379,7 @@ TEST_CASE("JSON data sent as data_base64 reaches the handler as that JSON, and i
     // The same event under another message id: already applied.
     CHECK(store.apply(deliver(plain, "msg-2")).kind == outcome_kind::duplicate_event);
     CHECK(dump(store.read(), "order-totals") == ref.rows);
-    CHECK(store.read().dead_letters(consumer).empty());
+    CHECK(store.read().consumer(consumer).dead_letters().empty());
 
     SUBCASE("bytes without a JSON content type are not guessed at: the typed handler refuses them") {
         const std::string untyped =
@@ -451,9 +451,9 @@ TEST_CASE("a handler that throws leaves every row of the event untouched") {
     auto snap = store.read();
     CHECK(dump(snap, "order-totals") == ref.rows);
     CHECK(dump(snap, "order-audit") == ref.rows);
-    CHECK(snap.contributors("order-totals", "order-1") == 3);
-    CHECK(snap.contributors("order-totals", "order-2") == 0);
-    auto letters = snap.dead_letters(consumer);
+    CHECK(snap.projection("order-totals").contributors("order-1") == 3);
+    CHECK(snap.projection("order-totals").contributors("order-2") == 0);
+    auto letters = snap.consumer(consumer).dead_letters();
     REQUIRE(letters.size() == 2);
     for (const auto& d : letters) {
         CHECK(d.why == idem::reason::handler_failed);
@@ -489,7 +489,7 @@ TEST_CASE("every outcome names the commit that recorded it, and checkpoints comm
         CHECK(store.last_commit() == snap.commit());
         previous = snap.commit();
         CHECK(snap.checkpoint(consumer, at.source) == at.position);
-        CHECK(snap.stats(consumer).batches == b + 1);
+        CHECK(snap.consumer(consumer).stats().batches == b + 1);
     }
     auto snap = store.read();
     CHECK(snap.checkpoint(consumer, "log-a") == 500);
@@ -499,7 +499,7 @@ TEST_CASE("every outcome names the commit that recorded it, and checkpoints comm
     store.apply(deliver(line("line-x", "order-1", 1), "m-x"));
     CHECK(store.read().checkpoint(consumer, "log-a") == 500);
     CHECK(store.read().commit() == previous + 1);
-    auto stats = store.read().stats(consumer);
+    auto stats = store.read().consumer(consumer).stats();
     CHECK(stats.outcomes[static_cast<std::size_t>(outcome_kind::applied)] == 6);
     CHECK(stats.outcomes[static_cast<std::size_t>(outcome_kind::duplicate_message)] == 5);
     CHECK(stats.outcomes[static_cast<std::size_t>(outcome_kind::dead_lettered)] == 5);
@@ -523,7 +523,7 @@ TEST_CASE("an aggregate key over LMDB's limit is dead-lettered, never truncated"
     reference ref;
     ref.add("order-1", 2);
     CHECK(dump(snap, "order-totals") == ref.rows);  // no row under any prefix of the long key
-    auto letters = snap.dead_letters(consumer);
+    auto letters = snap.consumer(consumer).dead_letters();
     REQUIRE(letters.size() == 1);
     CHECK(letters[0].why == idem::reason::key_too_long);
     CHECK(letters[0].detail.find("order-totals") != std::string::npos);

@@ -3,6 +3,7 @@
 // way nothing of the failed batch may remain, and the store must stay usable.
 
 #include <idem/projections/store.hpp>
+#include <idem/projections/store_hooks.hpp>
 
 #include "fixtures.hpp"
 
@@ -38,13 +39,13 @@ observable observe(const idem::store& store) {
     auto snap = store.read();
     return observable{dump(snap, "order-totals"),
                       dump(snap, "order-streams"),
-                      snap.inbox_size(consumer),
+                      snap.consumer(consumer).inbox_size(),
                       store.inbox_size(),
                       snap.checkpoint(consumer, "log"),
                       snap.commit(),
-                      snap.dead_letters(consumer).size(),
-                      snap.parked(consumer),
-                      snap.stats(consumer).batches};
+                      snap.consumer(consumer).dead_letters().size(),
+                      snap.consumer(consumer).parked(),
+                      snap.consumer(consumer).stats().batches};
 }
 
 }  // namespace
@@ -55,9 +56,9 @@ TEST_CASE("a batch that fails to commit leaves nothing behind") {
     temp_dir dir;
     std::function<void()> failure;  // thrown from inside the transaction when set
     auto o = options(dir.env());
-    o.before_commit = [&failure](std::uint64_t) {
+    idem::detail::set_before_commit(o, [&failure](std::uint64_t) {
         if (failure) failure();
-    };
+    });
     idem::store store{o};
     store.add(totals_by_order());
     store.add(totals_by_subject());
@@ -152,7 +153,7 @@ TEST_CASE("a full map grows and the batch is retried") {
             store->apply(batch);
         } catch (const std::system_error& e) {
             FAIL("batch " << batches << " of " << batch.size() << " threw: " << std::string(e.what()) << " (map "
-                          << store->env()->map_size() << " bytes)");
+                          << idem::detail::store_env(*store)->map_size() << " bytes)");
         }
         ++batches;
         batch.clear();
@@ -169,7 +170,7 @@ TEST_CASE("a full map grows and the batch is retried") {
     flush();
     CHECK(dump(store->read(), "order-totals") == ref.rows);
     CHECK(store->inbox_size() == 3000);
-    CHECK(store->env()->map_size() > initial);
+    CHECK(idem::detail::store_env(*store)->map_size() > initial);
 }
 
 TEST_CASE("a map that may not grow fails the batch with map_full and keeps nothing of it") {
@@ -210,12 +211,12 @@ TEST_CASE("a map that may not grow fails the batch with map_full and keeps nothi
               idem::make_error_code(idem::errc::map_full).default_error_condition());
     }
     CHECK(threw);
-    CHECK(store.env()->map_size() == o.map_size);
+    CHECK(idem::detail::store_env(store)->map_size() == o.map_size);
 
     auto snap = store.read();
     CHECK(dump(snap, "order-totals") == rows_before);
     CHECK(snap.commit() == commit_before);
-    CHECK(snap.inbox_size(consumer) == inbox_before);
+    CHECK(snap.consumer(consumer).inbox_size() == inbox_before);
     CHECK(store.inbox_size() == inbox_before);
 
     // A small batch still fits afterwards; the big batch's first events were not recorded.

@@ -45,7 +45,7 @@ idem::store_options timed_options(const std::filesystem::path& dir, std::optiona
 
 std::uint64_t dead_with(const idem::snapshot& snap, idem::reason why) {
     std::uint64_t n = 0;
-    for (const auto& d : snap.dead_letters(consumer)) n += d.why == why ? 1 : 0;
+    for (const auto& d : snap.consumer(consumer).dead_letters()) n += d.why == why ? 1 : 0;
     return n;
 }
 
@@ -88,10 +88,10 @@ TEST_CASE("two transports that both number their messages m-1, m-2, ... keep eve
         }
         auto snap = store.read();
         CHECK(dump(snap, "order-totals") == log.ref.rows);
-        CHECK(snap.parked(consumer) == 0);
-        CHECK(snap.stats(consumer).id_conflicts == 0);
-        CHECK(snap.stats(consumer).transport_collisions == 0);
-        CHECK(snap.dead_letter_count(consumer) == 0);
+        CHECK(snap.consumer(consumer).parked() == 0);
+        CHECK(snap.consumer(consumer).stats().id_conflicts == 0);
+        CHECK(snap.consumer(consumer).stats().transport_collisions == 0);
+        CHECK(snap.consumer(consumer).dead_letter_count() == 0);
         // A redelivery within its transport is still a duplicate message.
         for (const auto& o : store.apply(log.deliveries)) CHECK(o.kind == outcome_kind::duplicate_message);
         CHECK(dump(store.read(), "order-totals") == log.ref.rows);
@@ -104,12 +104,12 @@ TEST_CASE("two transports that both number their messages m-1, m-2, ... keep eve
         }
         auto snap = store.read();
         CHECK(dump(snap, "order-totals") == log.ref.rows);
-        CHECK(snap.parked(consumer) == 0);
-        CHECK(snap.stats(consumer).id_conflicts == 0);
-        CHECK(snap.dead_letter_count(consumer) == 0);
-        const auto collided = snap.stats(consumer).transport_collisions;
+        CHECK(snap.consumer(consumer).parked() == 0);
+        CHECK(snap.consumer(consumer).stats().id_conflicts == 0);
+        CHECK(snap.consumer(consumer).dead_letter_count() == 0);
+        const auto collided = snap.consumer(consumer).stats().transport_collisions;
         CHECK(collided > 50);
-        auto records = snap.collisions(consumer);
+        auto records = snap.consumer(consumer).collisions();
         REQUIRE(records.size() == collided);
         CHECK(records[0].why == idem::reason::transport_collision);
         CHECK(records[0].detail.find("first used in commit") != std::string::npos);
@@ -130,7 +130,7 @@ TEST_CASE("transport and id are length-prefixed in the inbox key: no two pairs a
     auto outcomes = store.apply(std::vector{from(line("l-1", "o1", 1), "ab", "c"), from(line("l-2", "o1", 2), "a", "bc"),
                                             from(line("l-3", "o1", 4), "a", "b:c")});
     for (const auto& o : outcomes) CHECK(o.kind == outcome_kind::applied);
-    CHECK(store.read().stats(consumer).transport_collisions == 0);
+    CHECK(store.read().consumer(consumer).stats().transport_collisions == 0);
     CHECK(store.read().get<order_total>("order-totals", "o1")->state.total == 7);
 }
 
@@ -144,7 +144,7 @@ TEST_CASE("the same event id with other content stays an id_conflict, under a tr
     changed.data = R"({"order_id":"o1","amount":500})";
     auto o = store.apply(from(changed, "broker", "m-1"));
     CHECK(o.why == idem::reason::id_conflict);
-    CHECK(store.read().stats(consumer).transport_collisions == 0);
+    CHECK(store.read().consumer(consumer).stats().transport_collisions == 0);
     // The stream went on: sequence 2 is applied, not parked.
     CHECK(store.apply(from(line("l-2", "o1", 1, 2), "broker", "m-2")).kind == outcome_kind::applied);
     CHECK(store.read().get<order_total>("order-totals", "o1")->state.total == 6);
@@ -184,7 +184,7 @@ TEST_CASE("an event stamped far ahead does not move the event-time horizon") {
             }
         }
         auto snap = store.read();
-        return std::tuple{dump(snap, "order-totals"), snap.stats(consumer), dead_with(snap, idem::reason::future_event)};
+        return std::tuple{dump(snap, "order-totals"), snap.consumer(consumer).stats(), dead_with(snap, idem::reason::future_event)};
     };
     const std::uint64_t now_2026 = 1'796'000'000ull * second_ns;
     const auto [plain_rows, plain_stats, plain_future] = run(log, now_2026, 50);
@@ -238,8 +238,8 @@ TEST_CASE("a jump forward confirmed by later events moves the clock; a sequenced
     auto snap = store.read();
     CHECK(snap.get<order_total>("order-totals", "s")->state.total == 5);
     CHECK(snap.get<order_total>("order-totals", "o1")->state.total == 11001);
-    CHECK(snap.parked(consumer) == 0);
-    CHECK(snap.retention(consumer).event_time == gap + 3 * second_ns);
+    CHECK(snap.consumer(consumer).parked() == 0);
+    CHECK(snap.consumer(consumer).retention().event_time == gap + 3 * second_ns);
 }
 
 TEST_CASE("one outlier re-sent under new message ids votes once for a jump") {
@@ -258,7 +258,7 @@ TEST_CASE("one outlier re-sent under new message ids votes once for a jump") {
     for (std::size_t i = 1; i <= 4; ++i) CHECK(outcomes[i].why == idem::reason::future_event);
     CHECK(outcomes[5].kind == outcome_kind::applied);
     CHECK(store.read().get<order_total>("order-totals", "o1")->state.total == 11);
-    CHECK(store.read().retention(consumer).event_time == start_ns + second_ns);
+    CHECK(store.read().consumer(consumer).retention().event_time == start_ns + second_ns);
 }
 
 TEST_CASE("lateness outcomes do not depend on batch size or on when pruning ran") {
@@ -312,8 +312,8 @@ TEST_CASE("lateness outcomes do not depend on batch size or on when pruning ran"
         snap.scan<position>("positions", [&](const idem::row<position>& row) {
             r.rows[row.key] = {row.state.qty, row.version};
         });
-        r.outcomes = snap.stats(consumer).outcomes;
-        r.late = snap.stats(consumer).late_events;
+        r.outcomes = snap.consumer(consumer).stats().outcomes;
+        r.late = snap.consumer(consumer).stats().late_events;
         return r;
     };
     for (auto lateness : {std::chrono::nanoseconds(0s), std::chrono::nanoseconds(1s), std::chrono::nanoseconds(3s)}) {

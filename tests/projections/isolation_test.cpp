@@ -5,6 +5,7 @@
 // so a deadlock fails the test instead of hanging the run.
 
 #include <idem/projections/store.hpp>
+#include <idem/projections/store_hooks.hpp>
 
 #include "fixtures.hpp"
 
@@ -100,7 +101,7 @@ int read_while_parent_writes(const std::filesystem::path& path, bool keep_open,
             std::pair<std::int64_t, std::int64_t> seen{0, 0};
             std::uint64_t commit = 0;
             {
-                auto snap = keep_open ? idem::snapshot{env} : idem::snapshot::open(path);
+                auto snap = keep_open ? idem::detail::snapshot_of(env) : idem::snapshot::open(path);
                 if (auto r = snap.get<order_total>("order-totals", "order-1")) seen.first = r->state.total;
                 if (auto r = snap.get<order_total>("order-totals", "order-2")) seen.second = r->state.total;
                 commit = snap.commit();
@@ -161,11 +162,11 @@ TEST_CASE("a snapshot taken in another thread while a batch is inside its transa
     auto proceed_signal = proceed.get_future().share();
     bool pause = false;
     auto o = options(dir.env());
-    o.before_commit = [&](std::uint64_t commit) {
+    idem::detail::set_before_commit(o, [&](std::uint64_t commit) {
         if (!pause) return;
         inside.set_value(commit);
         proceed_signal.wait_for(60s);
-    };
+    });
     idem::store store{o};
     store.add(totals_by_order());
     store.apply(deliver(line("line-1", "order-1", 10)));
@@ -205,7 +206,7 @@ TEST_CASE("a snapshot taken in another thread while a batch is inside its transa
         CHECK(store.last_commit() == old_commit);
     }
     auto third = std::async(std::launch::async, [&] {
-        idem::snapshot snap{store.env()};
+        auto snap = store.read();
         return std::pair{dump(snap, "order-totals"), snap.commit()};
     });
     auto [third_rows, third_commit] = third.get();
@@ -272,7 +273,7 @@ TEST_CASE("a forked process reads consistent snapshots while the parent writes")
         store.apply(batch);
         std::this_thread::sleep_for(1ms);
     }
-    CHECK(store.env()->map_size() > o.map_size);  // the parent grew the map under the reader
+    CHECK(idem::detail::store_env(store)->map_size() > o.map_size);  // the parent grew the map under the reader
     const auto [exited, status] = wait_or_kill(child, 60s);
     REQUIRE_MESSAGE(exited, "the reader process hung and was killed");
     CHECK(WIFEXITED(status));
@@ -318,7 +319,7 @@ TEST_CASE("a reader process keeps working when the writer grows the map while on
         }
         store.apply(batch);
     }
-    CHECK(store.env()->map_size() >= 4 * o.map_size);
+    CHECK(idem::detail::store_env(store)->map_size() >= 4 * o.map_size);
     CHECK(send_byte(down[1]));
 
     const auto [exited, status] = wait_or_kill(child, 10s);

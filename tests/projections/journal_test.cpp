@@ -5,6 +5,7 @@
 #include "fixtures.hpp"
 
 #include <idem/projections/layout.hpp>
+#include <idem/projections/store_hooks.hpp>
 #include <idem/storage/lmdb.hpp>
 
 #include <random>
@@ -15,7 +16,7 @@ namespace {
 
 /// Entries of a named table as a fresh read transaction sees them (0 if it does not exist).
 std::size_t entries(const idem::store& s, const std::string& table) {
-    auto& env = *s.env();
+    auto& env = *idem::detail::store_env(s);
     env.refresh_tables();
     idem::read_txn txn{env};
     auto t = env.try_table(table);
@@ -138,9 +139,9 @@ TEST_CASE("a batch whose commit fails leaves the journal as the disk has it") {
     temp_dir dir;
     auto o = journaled(dir, 20);
     int n = 0;
-    o.before_commit = [&](std::uint64_t) {
+    idem::detail::set_before_commit(o, [&](std::uint64_t) {
         if (++n % 3 == 0) throw std::system_error(std::make_error_code(std::errc::io_error), "injected EIO at commit");
-    };
+    });
     idem::store s{o};
     s.add(totals_by_order());
     workload w{80, 12, 90, 4};

@@ -23,7 +23,7 @@ TEST_CASE("an unknown type is ignored by default and dead-lettered as unknown_ty
     CHECK(out.kind == idem::outcome_kind::dead_lettered);
     CHECK(out.why == idem::reason::unknown_type);
     CHECK(out.detail.find("order.shipped") != std::string::npos);
-    auto letters = s.read().dead_letters(consumer);
+    auto letters = s.read().consumer(consumer).dead_letters();
     REQUIRE(letters.size() == 1);
     CHECK(letters[0].why == idem::reason::unknown_type);
     CHECK(letters[0].body == e.to_json());
@@ -97,7 +97,7 @@ TEST_CASE("key functions that throw or find no key dead-letter the event and lea
     expect.add("order-1", 4);
     CHECK(dump(snap, "order-totals") == expect.rows);
     CHECK(dump(snap, "checked") == expect.rows);
-    CHECK(snap.dead_letter_count(consumer) == 3);
+    CHECK(snap.consumer(consumer).dead_letter_count() == 3);
 }
 
 TEST_CASE("a subject too long to track its stream is dead-lettered as key_too_long") {

@@ -81,7 +81,7 @@ TEST_CASE("a redrive after a fixed handler gives the rows of a clean run, and a 
         const auto n = std::min<std::size_t>(64, all.size() - at);
         store.apply(std::span<const idem::delivery>(all.data() + at, n));
     }
-    auto dead = store.read().dead_letters(consumer);
+    auto dead = store.read().consumer(consumer).dead_letters();
     REQUIRE(dead.size() == failing);
     for (const auto& d : dead) CHECK(d.why == reason::handler_failed);
     CHECK(dump(store.read(), "order-totals") != ref.rows);
@@ -91,7 +91,7 @@ TEST_CASE("a redrive after a fixed handler gives the rows of a clean run, and a 
     CHECK(r.applied == failing);
     CHECK(r.refused == 0);
     CHECK(r.commit != 0);
-    CHECK(store.read().dead_letter_count(consumer) == 0);
+    CHECK(store.read().consumer(consumer).dead_letter_count() == 0);
     CHECK(dump(store.read(), "order-totals") == ref.rows);
 
     SUBCASE("a second redrive finds nothing and changes nothing") {
@@ -112,7 +112,7 @@ TEST_CASE("a redrive after a fixed handler gives the rows of a clean run, and a 
         clean.apply(all);
         CHECK(dump(clean.read(), "order-totals") == dump(store.read(), "order-totals"));
     }
-    auto audit = store.read().operator_actions(consumer);
+    auto audit = store.read().consumer(consumer).operator_actions();
     REQUIRE(audit.size() == 1);
     CHECK(audit[0].action == "redrive");
     CHECK(audit[0].sequences.size() == failing);
@@ -132,7 +132,7 @@ TEST_CASE("a dead letter whose event was applied since under another message id 
     auto r = store.redrive({.event_id = e.event_id()});
     REQUIRE(r.items.size() == 1);
     CHECK(r.items[0].result.kind == outcome_kind::duplicate_event);
-    CHECK(store.read().dead_letter_count(consumer) == 0);
+    CHECK(store.read().consumer(consumer).dead_letter_count() == 0);
     reference ref;
     ref.add("o1", 14);
     CHECK(dump(store.read(), "order-totals") == ref.rows);
@@ -149,7 +149,7 @@ TEST_CASE("a redrive that fails again leaves a dead letter with its new reason")
         idem::store store{o};
         store.add(totals_by_subject("other"));  // handles line_added; order.created reaches nobody
         CHECK(store.apply(deliver(created("c1", "o1"), "t-1")).why == reason::unknown_type);
-        first_position = store.read().dead_letters(consumer).at(0).position;
+        first_position = store.read().consumer(consumer).dead_letters().at(0).position;
     }
     // A projection that handles order.created is added, but it is still broken.
     auto failing = idem::projection<order_total>("created")
@@ -162,14 +162,14 @@ TEST_CASE("a redrive that fails again leaves a dead letter with its new reason")
     REQUIRE(r.items.size() == 1);
     CHECK(r.items[0].result.kind == outcome_kind::dead_lettered);
     CHECK(r.items[0].result.why == reason::handler_failed);
-    auto dead = store.read().dead_letters(consumer);
+    auto dead = store.read().consumer(consumer).dead_letters();
     REQUIRE(dead.size() == 1);
     CHECK(dead[0].why == reason::handler_failed);
     CHECK(dead[0].position > first_position);
     CHECK(dead[0].message_id == idem::transport_message_id("t-1"));
     broken->store(false);
     CHECK(store.redrive({.why = reason::handler_failed}).applied == 1);
-    CHECK(store.read().dead_letter_count(consumer) == 0);
+    CHECK(store.read().consumer(consumer).dead_letter_count() == 0);
     (void)e;
 }
 
@@ -194,7 +194,7 @@ TEST_CASE("a sequenced dead letter is refused unless out of order, then applied 
     REQUIRE(refused.items.size() == 1);
     CHECK(refused.items[0].refused);
     CHECK(refused.commit == 0);
-    CHECK(store.read().dead_letter_count(consumer) == 1);
+    CHECK(store.read().consumer(consumer).dead_letter_count() == 1);
 
     auto r = store.redrive({.out_of_order = true});
     REQUIRE(r.items.size() == 1);
@@ -224,7 +224,7 @@ TEST_CASE("release applies a stream's parked events past its gaps; drop dead-let
     for (auto n : {1, 3, 4, 6}) store.apply(deliver(nth("order-1", static_cast<std::uint64_t>(n))));
     for (auto n : {2, 3}) store.apply(deliver(nth("order-2", static_cast<std::uint64_t>(n))));
 
-    auto parked = store.read().parked_streams(consumer);
+    auto parked = store.read().consumer(consumer).parked_streams();
     REQUIRE(parked.size() == 2);
     CHECK(parked[0].subject == "order-1");
     CHECK(parked[0].highest == 1);
@@ -247,15 +247,15 @@ TEST_CASE("release applies a stream's parked events past its gaps; drop dead-let
     CHECK(d.dropped == std::vector<std::uint64_t>{2, 3});
     CHECK(d.highest_after == 3);
     CHECK(dump(store.read(), "order-streams").count("order-2") == 0);
-    auto dead = store.read().dead_letters(consumer);
+    auto dead = store.read().consumer(consumer).dead_letters();
     REQUIRE(dead.size() == 2);
     CHECK(dead[0].why == reason::released_dropped);
     CHECK(dead[1].why == reason::released_dropped);
     CHECK(store.apply(deliver(nth("order-2", 4))).kind == outcome_kind::applied);
-    CHECK(store.read().parked_streams(consumer).empty());
-    CHECK(store.read().parked(consumer) == 0);
+    CHECK(store.read().consumer(consumer).parked_streams().empty());
+    CHECK(store.read().consumer(consumer).parked() == 0);
 
-    auto audit = store.read().operator_actions(consumer);
+    auto audit = store.read().consumer(consumer).operator_actions();
     REQUIRE(audit.size() == 2);
     CHECK(audit[0].action == "release");
     CHECK(audit[0].stream == "order-1");
@@ -294,16 +294,21 @@ TEST_CASE("a released event is judged as a delivery is: its dead letter names no
 
     auto snap = store.read();
     const auto path = std::string(*idem::log_source_path(idem::log_source(log)));
-    auto dead = snap.dead_letters(consumer);
+    auto dead = snap.consumer(consumer).dead_letters();
     REQUIRE(dead.size() == 2);
     CHECK(dead[0].why == reason::handler_failed);
     CHECK(dead[0].message_id == idem::transport_message_id("", "t-3"));  // the id it was parked under
     CHECK(dead[0].body == deliver(nth("o1", 3, 21)).body);
-    CHECK(dead[0].detail.find(path) == std::string::npos);  // released: read in an earlier batch
+    CHECK(dead[0].source.empty());  // released: read in an earlier batch, from no place of this one
+    CHECK(dead[0].line == 0);
     CHECK(dead[0].detail.find("o1-3") != std::string::npos);
     CHECK(dead[1].why == reason::handler_failed);
-    CHECK(dead[1].detail.starts_with(path + ":8 (byte offset 95): "));
-    CHECK(snap.stats(consumer).released == 1);
+    CHECK(dead[1].source == idem::log_source(log));
+    CHECK(dead[1].line == 8);
+    CHECK(dead[1].offset == 95);
+    CHECK(idem::located_detail(dead[1]).starts_with(path + ":8 (byte offset 95): "));
+    CHECK(outcomes[1].detail.starts_with(path + ":8 (byte offset 95): "));
+    CHECK(snap.consumer(consumer).stats().released == 1);
     // Sequence 3 moved its stream on although it failed: 4 applies at once.
     CHECK(store.apply(deliver(nth("o1", 4, 40))).kind == outcome_kind::applied);
     reference ref;
@@ -321,9 +326,9 @@ TEST_CASE("a released event that its stream already applied under another sequen
     CHECK(store.apply(deliver(line("moved", "o1", 5, 3), "t-a")).kind == outcome_kind::parked);
     CHECK(store.apply(deliver(line("moved", "o1", 5, 2), "t-b")).kind == outcome_kind::applied);
     auto snap = store.read();
-    CHECK(snap.parked(consumer) == 0);
-    CHECK(snap.stats(consumer).released == 1);
-    CHECK(snap.dead_letters(consumer).empty());
+    CHECK(snap.consumer(consumer).parked() == 0);
+    CHECK(snap.consumer(consumer).stats().released == 1);
+    CHECK(snap.consumer(consumer).dead_letters().empty());
     reference by_stream;
     by_stream.add("o1", 10, 1);
     by_stream.add("o1", 5, 2);
@@ -392,7 +397,7 @@ TEST_CASE("a too_large envelope's dead letter keeps a bounded prefix, its size a
     const auto body = e.to_json();
     CHECK(store.apply(idem::delivery{body, "t-big"}).why == reason::too_large);
     CHECK(store.apply(idem::delivery{"{not json", "t-small"}).why == reason::invalid_json);
-    auto dead = store.read().dead_letters(consumer);
+    auto dead = store.read().consumer(consumer).dead_letters();
     REQUIRE(dead.size() == 2);
     CHECK(dead[0].truncated);
     CHECK(dead[0].body.size() == idem::dead_letter_prefix);
@@ -406,7 +411,7 @@ TEST_CASE("a too_large envelope's dead letter keeps a bounded prefix, its size a
     auto r = store.redrive({.why = reason::too_large});
     REQUIRE(r.items.size() == 1);
     CHECK(r.items[0].refused);
-    CHECK(store.read().dead_letter_count(consumer) == 2);
+    CHECK(store.read().consumer(consumer).dead_letter_count() == 2);
 }
 
 }  // TEST_SUITE

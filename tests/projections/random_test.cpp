@@ -4,6 +4,7 @@
 // computed with a plain std::map.
 
 #include <idem/projections/store.hpp>
+#include <idem/projections/store_hooks.hpp>
 
 #include "fixtures.hpp"
 
@@ -97,13 +98,13 @@ TEST_CASE("any delivery order with duplicates gives the rows of applying each di
 
         auto snap = store.read();
         REQUIRE(dump(snap, "order-streams") == s.ref.rows);
-        CHECK(snap.parked(consumer) == 0);
-        CHECK(snap.dead_letters(consumer).empty());
+        CHECK(snap.consumer(consumer).parked() == 0);
+        CHECK(snap.consumer(consumer).dead_letters().empty());
         CHECK(outcomes[outcome_kind::duplicate_message] == s.redelivered);
         CHECK(outcomes[outcome_kind::duplicate_event] == s.republished);
         CHECK(outcomes[outcome_kind::applied] + outcomes[outcome_kind::parked] == s.distinct);
-        CHECK(snap.stats(consumer).released == outcomes[outcome_kind::parked]);
-        CHECK(snap.stats(consumer).batches == batches);
+        CHECK(snap.consumer(consumer).stats().released == outcomes[outcome_kind::parked]);
+        CHECK(snap.consumer(consumer).stats().batches == batches);
         CHECK(snap.commit() == batches);
         if (sequences) {
             CHECK(outcomes[outcome_kind::parked] > 0);  // the shuffle did exercise parking
@@ -142,10 +143,10 @@ TEST_CASE("a bulk build gives the rows, outcomes and counters of batch-by-batch 
             }
             if (budget) store.end_bulk();
             auto snap = store.read();
-            return std::tuple{dump(snap, "order-streams"), count(outcomes), snap.stats(consumer).outcomes,
-                              snap.stats(consumer).released, snap.dead_letters(consumer).size(),
-                              snap.checkpoint(consumer, "src"), snap.inbox_size(consumer),
-                              snap.contributors("order-streams", "order-0")};
+            return std::tuple{dump(snap, "order-streams"), count(outcomes), snap.consumer(consumer).stats().outcomes,
+                              snap.consumer(consumer).stats().released, snap.consumer(consumer).dead_letters().size(),
+                              snap.checkpoint(consumer, "src"), snap.consumer(consumer).inbox_size(),
+                              snap.projection("order-streams").contributors("order-0")};
         };
         temp_dir a, b, c;
         auto batches = run(a.env(), std::nullopt);
@@ -183,7 +184,7 @@ TEST_CASE("a bulk build is invisible until it ends, and an abandoned one leaves 
     // inject one at the bulk build's commit.
     temp_dir other;
     auto o = options(other.env());
-    o.before_commit = [](std::uint64_t) { throw std::runtime_error("injected commit failure"); };
+    idem::detail::set_before_commit(o, [](std::uint64_t) { throw std::runtime_error("injected commit failure"); });
     idem::store failing{o};
     failing.add(totals_by_order());
     failing.begin_bulk(0);
@@ -191,7 +192,7 @@ TEST_CASE("a bulk build is invisible until it ends, and an abandoned one leaves 
     CHECK_THROWS_WITH(failing.end_bulk(), "injected commit failure");
     auto snap = failing.read();
     CHECK_FALSE(snap.get<order_total>("order-totals", "order-2").has_value());
-    CHECK(snap.inbox_size(consumer) == 0);
+    CHECK(snap.consumer(consumer).inbox_size() == 0);
     CHECK(failing.inbox_size() == 0);  // the index forgot the ids of the abandoned build
 }
 

@@ -126,7 +126,7 @@ TEST_CASE("a log spanning weeks with a 1-hour inbox: the inbox stays bounded by 
     CHECK(outcomes[idem::outcome_kind::duplicate_message] + outcomes[idem::outcome_kind::duplicate_event] ==
           log.deliveries.size() - log.events);
     CHECK(outcomes[idem::outcome_kind::duplicate_event] >= log.late_redeliveries);
-    auto stats = s.read().stats(consumer);
+    auto stats = s.read().consumer(consumer).stats();
     CHECK(stats.pruned_ids + s.inbox_size() == log.events + outcomes[idem::outcome_kind::duplicate_event]);
     MESSAGE("deliveries " << log.deliveries.size() << ", events " << log.events << ", largest inbox " << max_inbox
                           << ", pruned ids " << stats.pruned_ids);
@@ -147,17 +147,17 @@ TEST_CASE("an event-time horizon bounds the contributing sets; redeliveries past
             for (const auto& o : s.apply(batch)) ++outcomes[o.kind];
             batch.clear();
             prune_all(s);
-            max_contributors = std::max(max_contributors, s.read().contributor_entries("order-totals"));
+            max_contributors = std::max(max_contributors, s.read().projection("order-totals").contributor_entries());
         }
     }
     CHECK(dump(s.read(), "order-totals") == log.expected.rows);
-    auto stats = s.read().stats(consumer);
+    auto stats = s.read().consumer(consumer).stats();
     CHECK(stats.late_events == log.late_redeliveries);
     CHECK(outcomes[idem::outcome_kind::dead_lettered] == log.late_redeliveries);
     // A day of events (~1,000 at one per ~90 s) and the batch in flight, not three weeks of them.
     CHECK(max_contributors < 1300);
     CHECK(stats.pruned_contributors > log.events / 2);
-    for (const auto& d : s.read().dead_letters(consumer)) {
+    for (const auto& d : s.read().consumer(consumer).dead_letters()) {
         CHECK(d.why == idem::reason::late_event);
         CHECK(d.detail.find("older than the horizon") != std::string::npos);
     }
@@ -176,7 +176,7 @@ TEST_CASE("late events: unsequenced ones past the horizon are rejected, sequence
         CHECK(o.kind == idem::outcome_kind::dead_lettered);
         CHECK(o.why == idem::reason::late_event);
         CHECK(s.read().get<order_total>("order-totals", "o1")->state.total == 12);
-        CHECK(s.read().stats(consumer).late_events == 1);
+        CHECK(s.read().consumer(consumer).stats().late_events == 1);
     }
     SUBCASE("unsequenced, inside the horizon: applied") {
         auto o = s.apply(deliver(timed_line("c", "o1", 100, t0 + 150 * 60 * second_ns)));
@@ -209,7 +209,7 @@ TEST_CASE("once contributing sets were pruned, the floor holds even if the horiz
         s.apply(deliver(timed_line("b", "o1", 7, t0 + 3 * 3600 * second_ns)));
         auto r = s.prune();
         REQUIRE(r.contributors == 1);  // "a" is past the horizon (the last entry is kept)
-        CHECK(s.read().contributor_floor("order-totals") == t0 + 1);
+        CHECK(s.read().projection("order-totals").contributor_floor() == t0 + 1);
     }
     idem::store s{retention_options(dir.path(), std::nullopt, std::nullopt)};
     s.add(totals_by_order());
@@ -241,8 +241,8 @@ TEST_CASE("same id, different content: id_conflict, the first effect stands; ref
     CHECK(conflict.detail.find("first processed in commit 1") != std::string::npos);
     CHECK(s.read().get<order_total>("order-totals", "o1")->state.total == 5);
     auto snap = s.read();
-    CHECK(snap.stats(consumer).id_conflicts == 1);
-    auto letters = snap.dead_letters(consumer);
+    CHECK(snap.consumer(consumer).stats().id_conflicts == 1);
+    auto letters = snap.consumer(consumer).dead_letters();
     REQUIRE(letters.size() == 1);
     CHECK(letters[0].body.find("500") != std::string::npos);  // the conflicting version is kept
 
@@ -254,7 +254,7 @@ TEST_CASE("same id, different content: id_conflict, the first effect stands; ref
     // the other event is judged as a new message (identity_test.cpp covers it).
     REQUIRE(s.apply(deliver(line("z1", "o3", 1), "broker-7")).kind == idem::outcome_kind::applied);
     CHECK(s.apply(deliver(line("z2", "o3", 1), "broker-7")).kind == idem::outcome_kind::applied);
-    CHECK(s.read().stats(consumer).id_conflicts == 2);
+    CHECK(s.read().consumer(consumer).stats().id_conflicts == 2);
 }
 
 TEST_CASE("the inbox records what the first delivery of each id did, for `why`") {
@@ -264,15 +264,15 @@ TEST_CASE("the inbox records what the first delivery of each id did, for `why`")
     s.apply(deliver(line("a", "o1", 5)));
     s.apply(deliver(line("b", "o1", 5), "t-b"));
     auto snap = s.read();
-    auto a = snap.inbox_lookup(consumer, line("a", "o1", 5).message_id());
+    auto a = snap.consumer(consumer).inbox_lookup(line("a", "o1", 5).message_id());
     REQUIRE(a);
     CHECK(a->commit == 1);
     CHECK(a->outcome == idem::outcome_kind::applied);
     CHECK(a->fingerprint == idem::fingerprint(line("a", "o1", 5)));
-    auto b = snap.inbox_lookup(consumer, idem::transport_message_id("t-b"));
+    auto b = snap.consumer(consumer).inbox_lookup(idem::transport_message_id("t-b"));
     REQUIRE(b);
     CHECK(b->commit == 2);
-    CHECK_FALSE(snap.inbox_lookup(consumer, line("zz", "o1", 5).message_id()));
+    CHECK_FALSE(snap.consumer(consumer).inbox_lookup(line("zz", "o1", 5).message_id()));
 }
 
 TEST_CASE("a retention shorter than the source's redelivery bound is refused, naming both") {

@@ -6,6 +6,8 @@
 
 #include "fixtures.hpp"
 
+#include <idem/projections/store_hooks.hpp>
+
 #include <idem/projections/layout.hpp>
 #include <idem/storage/lmdb.hpp>
 
@@ -61,7 +63,7 @@ TEST_CASE("an event ahead of its stream is parked until the gap fills, then appl
         auto o5 = store.apply(deliver(nth(5), "m-5"));
         CHECK(o5.kind == outcome_kind::parked);
         auto between = store.read();
-        CHECK(between.parked(consumer) == 1);
+        CHECK(between.consumer(consumer).parked() == 1);
         CHECK(stream_row(between) == applied_in_order({1, 2, 3}));
         CHECK(between.commit() == o5.commit);
 
@@ -70,7 +72,7 @@ TEST_CASE("an event ahead of its stream is parked until the gap fills, then appl
         CHECK(o4.commit == o5.commit + 1);
         // The snapshot taken between the batches still sees the stream at 3.
         CHECK(stream_row(between) == applied_in_order({1, 2, 3}));
-        CHECK(store.read().stats(consumer).released == 1);
+        CHECK(store.read().consumer(consumer).stats().released == 1);
     }
     SUBCASE("the gap fills in the same batch") {
         auto outcomes = store.apply(std::vector{deliver(nth(5), "m-5"), deliver(nth(4), "m-4")});
@@ -86,13 +88,13 @@ TEST_CASE("an event ahead of its stream is parked until the gap fills, then appl
         auto outcomes = store.apply(std::vector{deliver(nth(5)), deliver(nth(6))});
         CHECK(outcomes[0].kind == outcome_kind::parked);
         CHECK(outcomes[1].kind == outcome_kind::parked);
-        CHECK(store.read().parked(consumer) == 3);
+        CHECK(store.read().consumer(consumer).parked() == 3);
         CHECK(stream_row(store.read()) == applied_in_order({1, 2, 3}));
         CHECK(store.apply(deliver(nth(4))).kind == outcome_kind::applied);
         auto snap = store.read();
         CHECK(stream_row(snap) == applied_in_order({1, 2, 3, 4, 5, 6, 7}));
-        CHECK(snap.parked(consumer) == 0);
-        CHECK(snap.stats(consumer).released == 3);
+        CHECK(snap.consumer(consumer).parked() == 0);
+        CHECK(snap.consumer(consumer).stats().released == 3);
         auto row = snap.get<order_total>(streams, "order-1");
         REQUIRE(row);
         CHECK(row->highest_sequence == 7);
@@ -100,7 +102,7 @@ TEST_CASE("an event ahead of its stream is parked until the gap fills, then appl
     }
 
     auto snap = store.read();
-    CHECK(snap.parked(consumer) == 0);
+    CHECK(snap.consumer(consumer).parked() == 0);
     CHECK(stream_row(snap) == applied_in_order({1, 2, 3, 4, 5}));
     auto row = snap.get<order_total>(streams, "order-1");
     REQUIRE(row);
@@ -126,7 +128,7 @@ TEST_CASE("a parked event republished or redelivered stays parked once") {
     auto conflict = store.apply(deliver(line("impostor", "order-1", 7, 5), "m-impostor"));
     CHECK(conflict.kind == outcome_kind::dead_lettered);
     CHECK(conflict.why == idem::reason::sequence_conflict);
-    CHECK(store.read().parked(consumer) == 1);
+    CHECK(store.read().consumer(consumer).parked() == 1);
     CHECK(store.apply(deliver(nth(4), "m-4")).kind == outcome_kind::applied);
     CHECK(stream_row(store.read()) == applied_in_order({1, 2, 3, 4, 5}));
 }
@@ -141,13 +143,13 @@ TEST_CASE("a parked event stored before its value carried the event id is matche
         std::string old_value;
         idem::layout::put_str(old_value, "m-5");
         old_value += deliver(nth(5)).body;
-        auto& env = *store.env();
+        auto& env = *idem::detail::store_env(store);
         const auto table = env.table(idem::layout::parked_table(consumer));
         idem::write_txn txn{env};
         txn.put(table, idem::layout::parked_key("order-1", 5), old_value);
         txn.commit();
     }
-    auto parked = store.read().parked_events(consumer);
+    auto parked = store.read().consumer(consumer).parked_events();
     REQUIRE(parked.size() == 1);
     CHECK(parked[0].message_id == "m-5");
     CHECK(parked[0].body == deliver(nth(5)).body);
@@ -156,8 +158,8 @@ TEST_CASE("a parked event stored before its value carried the event id is matche
     CHECK(conflict.why == idem::reason::sequence_conflict);
     CHECK(store.apply(deliver(nth(4), "m-4")).kind == outcome_kind::applied);
     auto snap = store.read();
-    CHECK(snap.parked(consumer) == 0);
-    CHECK(snap.stats(consumer).released == 1);
+    CHECK(snap.consumer(consumer).parked() == 0);
+    CHECK(snap.consumer(consumer).stats().released == 1);
     CHECK(stream_row(snap) == applied_in_order({1, 2, 3, 4, 5}));
 }
 
@@ -174,9 +176,9 @@ TEST_CASE("the gap policy decides what happens to an event ahead of its stream")
         CHECK(o5.kind == outcome_kind::dead_lettered);
         CHECK(o5.why == idem::reason::sequence_gap);
         auto snap = store.read();
-        CHECK(snap.parked(consumer) == 0);
+        CHECK(snap.consumer(consumer).parked() == 0);
         CHECK(stream_row(snap) == applied_in_order({1, 2, 3}));
-        auto letters = snap.dead_letters(consumer);
+        auto letters = snap.consumer(consumer).dead_letters();
         REQUIRE(letters.size() == 1);
         CHECK(letters[0].why == idem::reason::sequence_gap);
         // 4 then applies normally, and 5 when it is delivered again.
@@ -190,7 +192,7 @@ TEST_CASE("the gap policy decides what happens to an event ahead of its stream")
         store.add(totals_by_subject());
         first_three(store);
         CHECK(store.apply(deliver(nth(5), "m-5")).kind == outcome_kind::applied);
-        CHECK(store.read().parked(consumer) == 0);
+        CHECK(store.read().consumer(consumer).parked() == 0);
         CHECK(stream_row(store.read()) == applied_in_order({1, 2, 3, 5}));
         CHECK(store.apply(deliver(nth(4), "m-4")).kind == outcome_kind::duplicate_event);
         CHECK(stream_row(store.read()) == applied_in_order({1, 2, 3, 5}));
@@ -224,7 +226,7 @@ TEST_CASE("events of types no projection handles still move their stream on") {
         CHECK(outcomes[1].kind == outcome_kind::ignored);
     }
     auto snap = store.read();
-    CHECK(snap.parked(consumer) == 0);
+    CHECK(snap.consumer(consumer).parked() == 0);
     CHECK(dump(snap, streams) == ref.rows);
 
     // An unhandled event in the middle of the stream: 5 and 3 arrive before 4.
@@ -234,7 +236,7 @@ TEST_CASE("events of types no projection handles still move their stream on") {
     ref.add("order-1", 30, 3);
     ref.add("order-1", 50, 5);
     snap = store.read();
-    CHECK(snap.parked(consumer) == 0);
+    CHECK(snap.consumer(consumer).parked() == 0);
     CHECK(dump(snap, streams) == ref.rows);
 }
 
@@ -248,10 +250,10 @@ TEST_CASE("a parked event survives closing and reopening the store") {
     }
     idem::store store{options(dir.env())};
     store.add(totals_by_subject());
-    CHECK(store.read().parked(consumer) == 1);
+    CHECK(store.read().consumer(consumer).parked() == 1);
     CHECK(store.apply(deliver(nth(5), "m-5")).kind == outcome_kind::duplicate_message);
     CHECK(store.apply(deliver(nth(4), "m-4")).kind == outcome_kind::applied);
-    CHECK(store.read().parked(consumer) == 0);
+    CHECK(store.read().consumer(consumer).parked() == 0);
     CHECK(stream_row(store.read()) == applied_in_order({1, 2, 3, 4, 5}));
 }
 

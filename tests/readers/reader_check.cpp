@@ -19,6 +19,7 @@
 //       LMDB directly, because idem::environment clears dead readers' slots when it opens.
 
 #include <idem/examples/domains.hpp>
+#include <idem/projections/store_hooks.hpp>
 #include <idem/projections/store.hpp>
 #include <idem/storage/error.hpp>
 #include <idem/storage/lmdb.hpp>
@@ -223,7 +224,7 @@ void check_snapshot(const idem::snapshot& counters, const idem::snapshot& snap, 
     now.records = log.before(now.checkpoint);
 
     // Every record up to the checkpoint got exactly one outcome, in the same commit.
-    const auto stats = counters.stats(o.consumer);
+    const auto stats = counters.consumer(o.consumer).stats();
     std::uint64_t outcomes = 0;
     for (auto n : stats.outcomes) outcomes += n;
     if (outcomes != now.records) {
@@ -239,17 +240,17 @@ void check_snapshot(const idem::snapshot& counters, const idem::snapshot& snap, 
 
     // Dead letters and parked events are tables of their own, written in the same commit.
     const auto dead = outcome_count(stats, idem::outcome_kind::dead_lettered);
-    if (snap.dead_letter_count(o.consumer) != dead) {
-        throw violation("the dead-letter table holds " + std::to_string(snap.dead_letter_count(o.consumer)) +
+    if (snap.consumer(o.consumer).dead_letter_count() != dead) {
+        throw violation("the dead-letter table holds " + std::to_string(snap.consumer(o.consumer).dead_letter_count()) +
                         " entries but " + std::to_string(dead) + " were counted");
     }
     const auto parked = outcome_count(stats, idem::outcome_kind::parked);
-    if (snap.parked(o.consumer) + stats.released != parked) {
-        throw violation("the parked table holds " + std::to_string(snap.parked(o.consumer)) + " events, " +
+    if (snap.consumer(o.consumer).parked() + stats.released != parked) {
+        throw violation("the parked table holds " + std::to_string(snap.consumer(o.consumer).parked()) + " events, " +
                         std::to_string(stats.released) + " were released, but " + std::to_string(parked) +
                         " were parked");
     }
-    now.inbox = snap.inbox_size(o.consumer);
+    now.inbox = snap.consumer(o.consumer).inbox_size();
     if (now.inbox < before.inbox ||
         now.inbox > outcomes - outcome_count(stats, idem::outcome_kind::duplicate_message)) {
         throw violation("the inbox holds " + std::to_string(now.inbox) +
@@ -328,7 +329,7 @@ void check_snapshot(const idem::snapshot& counters, const idem::snapshot& snap, 
         const auto cut = name.find('\n');
         const auto projection = name.substr(0, cut);
         const auto key = name.substr(cut + 1);
-        const auto n = snap.contributors(projection, key);
+        const auto n = snap.projection(projection).contributors(key);
         if (n != version) {
             throw violation(projection + " row '" + key + "' has version " + std::to_string(version) + " but " +
                             std::to_string(n) + " effect keys in its contributing set");
@@ -374,12 +375,12 @@ int run_checks(const check_options& o) {
             for (int i = 0; i < session && !stop_requested.load(); ++i) {
                 seen now;
                 try {
-                    auto snap = env ? idem::snapshot{env} : idem::snapshot::open(o.db);
+                    auto snap = env ? idem::detail::snapshot_of(env) : idem::snapshot::open(o.db);
                     if (o.tear) {
                         // A torn read on purpose (the test checks that it is caught): the
                         // counters come from a later snapshot than the tables.
                         std::this_thread::sleep_for(std::chrono::milliseconds(30));
-                        auto later = env ? idem::snapshot{env} : idem::snapshot::open(o.db);
+                        auto later = env ? idem::detail::snapshot_of(env) : idem::snapshot::open(o.db);
                         check_snapshot(later, snap, o, source, log, last, now, versions_seen, rng);
                     } else {
                         check_snapshot(snap, snap, o, source, log, last, now, versions_seen, rng);

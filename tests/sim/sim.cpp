@@ -19,6 +19,7 @@
 // after one may differ between runs).
 
 #include <idem/engine/engine.hpp>
+#include <idem/projections/store_hooks.hpp>
 #include <idem/projections/store.hpp>
 
 #include "../common/temp_dir.hpp"
@@ -304,7 +305,7 @@ private:
 
     void open_store() {
         auto o = options_;
-        o.before_commit = [this](std::uint64_t) { inject(); };
+        idem::detail::set_before_commit(o, [this](std::uint64_t) { inject(); });
         store_ = std::make_unique<idem::store>(o);
         add_projections(*store_);
     }
@@ -372,7 +373,7 @@ private:
         for (int attempt = 0;; ++attempt) {
             // Every MAP_FULL doubles the map, injected ones included: once it reached its limit
             // (until the store is opened afresh), an injected MAP_FULL cannot be absorbed.
-            const bool at_limit = store_->env()->map_size() >= options_.max_map_size;
+            const bool at_limit = idem::detail::store_env(*store_)->map_size() >= options_.max_map_size;
             std::vector<idem::outcome> outcomes;
             std::error_code failed;
             std::string message;
@@ -441,12 +442,12 @@ private:
 
         idem::engine_options eo;
         eo.store = options_;
-        eo.store.before_commit = [&](std::uint64_t) {
+        idem::detail::set_before_commit(eo.store, [&](std::uint64_t) {
             // Only the writer thread calls this.
             const auto roll = std::uniform_int_distribution<int>{0, 999}(fault_rng);
             if (roll < 20) throw std::system_error(std::make_error_code(std::errc::io_error), "injected EIO at commit");
             if (roll < 23) throw std::system_error(idem::make_error_code(idem::errc::panic), "injected MDB_PANIC");
-        };
+        });
         eo.max_batch = pick(16, 4096);
         eo.max_in_flight = pick(0, 1) == 0 ? pick(64, 1024) : 65536;
         boost::asio::io_context io;
@@ -543,7 +544,7 @@ private:
             diverge(std::string(when) + ": " + what + " is " + std::to_string(got) + ", the model has " + std::to_string(want));
         };
         if (snap.commit() != model_->commit()) fail("the commit number", snap.commit(), model_->commit());
-        const auto stats = snap.stats(consumer);
+        const auto stats = snap.consumer(consumer).stats();
         for (std::size_t k = 0; k < kinds; ++k) {
             const auto got = stats.outcomes[stats_index(static_cast<kind>(k))];
             if (got != model_->stats()[k]) {
@@ -552,11 +553,11 @@ private:
         }
         if (stats.released != model_->released()) fail("the count of released events", stats.released, model_->released());
         if (stats.batches != model_->batches()) fail("the count of batches", stats.batches, model_->batches());
-        if (snap.inbox_size(consumer) != model_->inbox_size()) fail("the inbox size", snap.inbox_size(consumer), model_->inbox_size());
+        if (snap.consumer(consumer).inbox_size() != model_->inbox_size()) fail("the inbox size", snap.consumer(consumer).inbox_size(), model_->inbox_size());
         if (store_->inbox_size() != model_->inbox_size()) fail("the inbox index size", store_->inbox_size(), model_->inbox_size());
-        if (snap.parked(consumer) != model_->parked()) fail("the parked count", snap.parked(consumer), model_->parked());
-        if (snap.dead_letter_count(consumer) != model_->dead_letters()) {
-            fail("the dead-letter count", snap.dead_letter_count(consumer), model_->dead_letters());
+        if (snap.consumer(consumer).parked() != model_->parked()) fail("the parked count", snap.consumer(consumer).parked(), model_->parked());
+        if (snap.consumer(consumer).dead_letter_count() != model_->dead_letters()) {
+            fail("the dead-letter count", snap.consumer(consumer).dead_letter_count(), model_->dead_letters());
         }
     }
 
@@ -600,7 +601,7 @@ private:
 
     void check_dead_letter_reasons() {
         std::uint64_t got[reasons]{};
-        for (const auto& d : store_->read().dead_letters(consumer)) {
+        for (const auto& d : store_->read().consumer(consumer).dead_letters()) {
             const auto name = name_of(d.why);
             std::size_t r = 0;
             while (r < reasons && name != reason_names[r]) ++r;

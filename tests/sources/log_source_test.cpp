@@ -3,6 +3,7 @@
 // batch-by-batch apply of the same records (compared row by row).
 
 #include <idem/sources/compare.hpp>
+#include <idem/projections/store_hooks.hpp>
 #include <idem/sources/consume.hpp>
 #include <idem/sources/rebuild.hpp>
 
@@ -85,9 +86,9 @@ TEST_CASE("a consume that fails on a commit resumes after its last good commit a
 
     auto o = consume_options(dir, log);
     int commits = 0;
-    o.store.before_commit = [&](std::uint64_t) {
+    idem::detail::set_before_commit(o.store, [&](std::uint64_t) {
         if (++commits == 7) throw std::runtime_error("injected failure on the 7th commit");
-    };
+    });
     CHECK_THROWS_WITH(idem::consume(o), "injected failure on the 7th commit");
     {
         auto snap = idem::snapshot::open(dir.env());
@@ -103,7 +104,7 @@ TEST_CASE("a consume that fails on a commit resumes after its last good commit a
     CHECK(result.records == bodies.size() - 600);  // six batches of 100 were committed before the failure
     auto snap = idem::snapshot::open(dir.env());
     CHECK(dump(snap, "order-totals") == dump(ref.read(), "order-totals"));
-    CHECK(snap.stats(consumer).outcomes == ref.read().stats(consumer).outcomes);
+    CHECK(snap.consumer(consumer).stats().outcomes == ref.read().consumer(consumer).stats().outcomes);
     CHECK(*snap.checkpoint(consumer, idem::log_source(log)) == std::filesystem::file_size(log));
 }
 
@@ -123,7 +124,7 @@ TEST_CASE("a rebuild that fails leaves the target as it was, and a rebuild equal
     CHECK(!before.empty());
 
     auto failing = r;
-    failing.store.before_commit = [](std::uint64_t) { throw std::runtime_error("disk gone"); };
+    idem::detail::set_before_commit(failing.store, [](std::uint64_t) { throw std::runtime_error("disk gone"); });
     CHECK_THROWS_WITH(idem::rebuild(failing), "disk gone");
     CHECK(dump(idem::snapshot::open(dir / "db"), "order-totals") == before);
     CHECK_FALSE(std::filesystem::exists(dir / "db.rebuild"));
@@ -132,8 +133,8 @@ TEST_CASE("a rebuild that fails leaves the target as it was, and a rebuild equal
     c.store.path = dir / "consumed";
     idem::consume(c);
     CHECK(dump(idem::snapshot::open(dir / "consumed"), "order-totals") == before);
-    CHECK(idem::snapshot::open(dir / "consumed").stats(consumer).outcomes ==
-          idem::snapshot::open(dir / "db").stats(consumer).outcomes);
+    CHECK(idem::snapshot::open(dir / "consumed").consumer(consumer).stats().outcomes ==
+          idem::snapshot::open(dir / "db").consumer(consumer).stats().outcomes);
 }
 
 TEST_CASE("compare walks two environments in step and names the first difference") {

@@ -22,11 +22,11 @@ consumer_stats difference(const consumer_stats& after, const consumer_stats& bef
 log_run_result consume(const consume_options& options) {
     store s{options.store};
     if (options.setup) options.setup(s);
-    const auto before = s.read().stats(options.store.consumer);
+    const auto before = s.read().consumer(options.store.consumer).stats();
     detail::log_run run{s, options};
     run.restart_changed_logs(options.restart_changed_logs);
     auto result = run.run(true, options.follow, options.poll, options.stop);
-    result.stats = s.read().stats(options.store.consumer);
+    result.stats = s.read().consumer(options.store.consumer).stats();
     result.run = difference(result.stats, before);
     return result;
 }

@@ -24,7 +24,7 @@ void log_run::read_log(const std::filesystem::path& path, bool resume, bool foll
     const std::string source = log_source(path);
     log_position start;
     if (resume) {
-        if (auto value = snapshot{store_.env()}.checkpoint_value(store_.options().consumer, source)) {
+        if (auto value = store_.read().checkpoint_value(store_.options().consumer, source)) {
             start = decode_log_position(*value);
             auto check = check_log_position(path, start);
             switch (check.state) {

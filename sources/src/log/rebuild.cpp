@@ -2,6 +2,7 @@
 // one sync, then one atomic swap of the two directories.
 
 #include <idem/sources/rebuild.hpp>
+#include <idem/projections/store_hooks.hpp>
 
 #include "log_run.hpp"
 
@@ -104,9 +105,9 @@ log_run_result build(const rebuild_options& options) {
                                     "stopped before the build was complete; nothing was replaced");
         }
         s.end_bulk();
-        result.stats = s.read().stats(so.consumer);
+        result.stats = s.read().consumer(so.consumer).stats();
         result.run = result.stats;  // a build starts from nothing
-        s.env()->sync(true);
+        detail::store_env(s)->sync(true);
     }
     fsync_dir(normalized_dir(dir).parent_path());
     return result;

@@ -5,6 +5,7 @@
 #include "json_writer.hpp"
 #include "options.hpp"
 
+#include <idem/projections/explain.hpp>
 #include <idem/storage/envelope.hpp>
 
 #include <simdjson.h>
@@ -21,16 +22,17 @@ int deadletters(const tool_context& t, const arguments& a) {
     std::optional<reason> only;
     if (a.get("reason")) only = reason_option(a, "reason");
     require_store(db);
-    auto snap = snapshot::open(db);
+    const auto snap = snapshot::open(db);
+    const auto tables = snap.consumer(t.consumer);
     simdjson::dom::parser parser;
     output out;
     std::string line;
     std::string compact;
-    for (const auto& d : a.flag("collisions") ? snap.collisions(t.consumer) : snap.dead_letters(t.consumer)) {
+    for (const auto& d : a.flag("collisions") ? tables.collisions() : tables.dead_letters()) {
         if (only && d.why != *only) continue;
         line.clear();
         json_writer w{line};
-        w.begin_object().field("position", d.position).field("reason", to_string(d.why)).field("detail", d.detail);
+        w.begin_object().field("position", d.position).field("reason", to_string(d.why)).field("detail", located_detail(d));
         // Stored ids carry a namespace: 'm' transport id, 't' transport id of a named transport, 'e' event id.
         const auto [transport, id] = split_message_id(d.message_id);
         w.field("message_id", id);

@@ -57,7 +57,7 @@ int parked(const tool_context& t, const arguments& a) {
     auto snap = snapshot::open(db);
     std::string out;
     std::size_t events = 0;
-    const auto streams = snap.parked_streams(t.consumer);
+    const auto streams = snap.consumer(t.consumer).parked_streams();
     for (const auto& s : streams) {
         json_writer w{out};
         w.begin_object().field("stream", s.subject).field("highest_applied", s.highest);
@@ -152,7 +152,7 @@ int audit(const tool_context& t, const arguments& a) {
     require_store(db);
     auto snap = snapshot::open(db);
     std::string out;
-    for (const auto& x : snap.operator_actions(t.consumer)) {
+    for (const auto& x : snap.consumer(t.consumer).operator_actions()) {
         json_writer w{out};
         w.begin_object().field("position", x.position).field("time_ns", x.time_ns).field("time", format_utc(x.time_ns));
         w.field("commit", x.commit).field("action", x.action).field("stream", x.stream);

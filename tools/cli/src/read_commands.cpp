@@ -80,13 +80,14 @@ int stats(const tool_context& t, const arguments& a) {
     std::string out;
     json_writer w{out};
     w.begin_object().field("consumer", t.consumer).field("commit", snap.commit());
-    auto s = snap.stats(t.consumer);
+    const auto tables = snap.consumer(t.consumer);
+    auto s = tables.stats();
     write_outcomes(w.key("outcomes"), s);
     w.field("batches", s.batches);
-    w.field("inbox_size", snap.inbox_size(t.consumer));
-    w.field("parked", snap.parked(t.consumer));
-    w.field("dead_letters", snap.dead_letter_count(t.consumer));
-    auto r = snap.retention(t.consumer);
+    w.field("inbox_size", tables.inbox_size());
+    w.field("parked", tables.parked());
+    w.field("dead_letters", tables.dead_letter_count());
+    auto r = tables.retention();
     w.key("retention").begin_object();
     w.field("event_time_ns", r.event_time);
     w.field("event_time", format_utc(r.event_time));
@@ -101,7 +102,7 @@ int stats(const tool_context& t, const arguments& a) {
     w.field("pruned_ids", s.pruned_ids);
     w.field("pruned_contributors", s.pruned_contributors);
     w.key("contributors").begin_object();
-    for (const auto& p : t.projections) w.field(p->name(), snap.contributor_entries(p->name()));
+    for (const auto& p : t.projections) w.field(p->name(), snap.projection(p->name()).contributor_entries());
     w.end_object().end_object();
     w.key("checkpoints").begin_array();
     for (const auto& [source, position] : snap.checkpoints(t.consumer)) {

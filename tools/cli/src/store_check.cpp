@@ -63,22 +63,22 @@ record_counts read_records(environment_report& r, const std::filesystem::path& d
             });
         });
         read_part(r, layout::contrib_table(p->name()), [&] {
-            snap->scan_contributors(p->name(), std::string_view("\0", 1), [](std::string_view) {});
-            snap->contributor_floor(p->name());
+            snap->projection(p->name()).scan_contributors(std::string_view("\0", 1), [](std::string_view) {});
+            snap->projection(p->name()).contributor_floor();
         });
     }
-    read_part(r, layout::dead_letter_table(consumer), [&] { n.dead_letters = snap->dead_letters(consumer).size(); });
+    read_part(r, layout::dead_letter_table(consumer), [&] { n.dead_letters = snap->consumer(consumer).dead_letters().size(); });
     read_part(r, layout::checkpoint_table(consumer), [&] { n.checkpoints = snap->checkpoints(consumer).size(); });
     read_part(r, std::string(layout::meta_table), [&] {
         snap->commit();
-        snap->stats(consumer);
-        snap->retention(consumer);
+        snap->consumer(consumer).stats();
+        snap->consumer(consumer).retention();
     });
     // Lookups of an id no record holds walk every record of the inbox and the parked events.
-    read_part(r, layout::inbox_table(consumer), [&] { snap->inbox_lookup(consumer, std::string_view("\0", 1)); });
-    read_part(r, layout::parked_table(consumer), [&] { snap->parked_lookup(consumer, std::string_view("\0", 1)); });
-    read_part(r, layout::event_ids_table(consumer), [&] { snap->event_id_of(consumer, std::string_view("\0", 1)); });
-    read_part(r, layout::audit_table(consumer), [&] { snap->operator_actions(consumer); });
+    read_part(r, layout::inbox_table(consumer), [&] { snap->consumer(consumer).inbox_lookup(std::string_view("\0", 1)); });
+    read_part(r, layout::parked_table(consumer), [&] { snap->consumer(consumer).parked_lookup(std::string_view("\0", 1)); });
+    read_part(r, layout::event_ids_table(consumer), [&] { snap->consumer(consumer).event_id_of(std::string_view("\0", 1)); });
+    read_part(r, layout::audit_table(consumer), [&] { snap->consumer(consumer).operator_actions(); });
     return n;
 }
 

@@ -40,13 +40,18 @@ struct explanation {
     /// not_in_inbox (pruned or never seen) or never_seen.
     std::string answer;
     std::string detail;                           ///< one paragraph for a person
-    std::optional<snapshot::inbox_record> first{};  ///< the inbox entry of its first delivery
+    std::optional<consumer_view::inbox_record> first{};  ///< the inbox entry of its first delivery
     std::string message_id;                       ///< the stored message id it was found under ("m..." / "e...")
-    std::optional<snapshot::parked_record> parked{};
+    std::optional<consumer_view::parked_record> parked{};
     std::optional<dead_letter> dead{};            ///< its (first) dead letter, other than id_conflict
     std::uint64_t id_conflicts = 0;               ///< later deliveries under its id with other content
     std::vector<why_row> rows{};
 };
+
+/// Returns a dead letter's detail for a person, prefixed with where it was read when that was a
+/// log: "path:line (byte offset N): detail", or "path at byte offset N: detail" once resumed
+/// mid-file (lines unknown).
+std::string located_detail(const dead_letter& d);
 
 /// Explains q from a snapshot of consumer's tables (walks tables: diagnostics only).
 /// Throws errc::invalid_argument if q names neither an event nor a message.

@@ -7,7 +7,8 @@
 // commit succeeded (and, with durability::full, was synced).
 
 #include <idem/projections/projection.hpp>
-#include <idem/storage/lmdb.hpp>
+#include <idem/storage/durability.hpp>
+#include <idem/storage/writer_lock.hpp>
 
 #include <array>
 #include <chrono>
@@ -153,6 +154,13 @@ struct dead_letter {
     std::uint64_t body_size = 0;    ///< the envelope's full size in bytes
     bool truncated = false;         ///< body holds only the first dead_letter_prefix bytes (a too_large envelope)
     std::uint64_t body_digest = 0;  ///< when truncated: body_digest() of the full envelope
+    /// Where it was read, when the batch named a source: the checkpoint's source (a log's is
+    /// "log:<path>", see log_source_path()), and in a log its line (1-based; 0: not known, as after
+    /// a resume mid-file) and byte offset. Empty and 0 otherwise, and in records stored before
+    /// dead letters kept their origin.
+    std::string source{};
+    std::uint64_t line = 0;
+    std::uint64_t offset = 0;
 };
 
 /// A too_large envelope's dead letter keeps this many of its first bytes, its size and its digest.
@@ -254,6 +262,15 @@ struct operator_action {
     std::string summary;                     ///< what happened, in words
 };
 
+namespace detail {
+struct store_access;
+/// What the library's own tests inject into a store; opaque to its users.
+class store_hooks {
+    friend struct store_access;
+    std::function<void(std::uint64_t commit)> before_commit_{};
+};
+}  // namespace detail
+
 /// Options of a store.
 struct store_options {
     std::filesystem::path path{};                      ///< the LMDB environment directory
@@ -272,17 +289,13 @@ struct store_options {
     /// key order later (see docs/DESIGN.md "Row journal"); the journal is frozen for folding once
     /// it holds this many entries. 0: automatic (16 per leaf page of the row table, at least 1024).
     std::size_t journal_rows = 0;
-    /// Called inside the write transaction right before commit with the commit number; throwing aborts
-    /// the batch (tests use it to inject storage failures and to observe commit order).
-    std::function<void(std::uint64_t commit)> before_commit{};
+    /// The library's own test hooks: nothing to set (reached only from the library's internal headers).
+    detail::store_hooks hooks{};
 };
 
 class snapshot;
 namespace detail {
 class operator_session;
-struct journal_view;
-struct snapshot_journals;
-struct snapshot_journals_entry;
 }  // namespace detail
 
 /// Deliveries parsed and decoded ahead of the writer by store::prepare(), for store::apply().
@@ -383,30 +396,35 @@ public:
     std::uint64_t last_commit() const;
     /// Returns the number of message ids the inbox holds.
     std::size_t inbox_size() const;
-    /// Returns the environment.
-    const std::shared_ptr<environment>& env() const noexcept;
     /// Returns the options the store was opened with.
     const store_options& options() const noexcept;
 
     struct impl;  ///< opaque: the implementation's state
 
 private:
+    friend struct detail::store_access;
     store& add_projection(std::unique_ptr<projection_base> p);
     /// Runs fn inside one batch's transaction; commits if it returns true, else aborts (operator actions).
     void operate(const std::function<bool(detail::operator_session&)>& fn);
     std::unique_ptr<impl> impl_;
 };
 
+class consumer_view;
+class projection_view;
+
 /// A consistent read-only view of an environment (LMDB snapshot isolation).
 ///
-/// Take one per read, from any thread; it pins the pages it sees until destroyed, so do
-/// not keep it for long. It may be used from a process other than the writer's.
+/// Take one per read, from any thread (store::read(), or snapshot::open() from another
+/// process); it pins the pages it sees until destroyed, so do not keep it for long. Rows,
+/// the commit number and checkpoints are read here; a consumer's and a projection's
+/// diagnostics through the views consumer() and projection() return.
 class snapshot {
 public:
     /// Opens a snapshot of the environment at path (read-only, e.g. from another process).
     static snapshot open(const std::filesystem::path& path);
-    /// Takes a snapshot of an already open environment.
-    explicit snapshot(std::shared_ptr<environment> env);
+    ~snapshot();
+    snapshot(snapshot&&) noexcept;
+    snapshot& operator=(snapshot&&) noexcept;
 
     /// Returns a row's state and version, or nullopt if the row does not exist.
     template <class State>
@@ -443,34 +461,24 @@ public:
     /// Calls fn(raw_row_view) for every row of a projection, in key order.
     void scan_raw(std::string_view projection, const std::function<void(const raw_row_view&)>& fn) const;
     /// Walks a projection's rows in key order, one next() at a time (two can walk in step).
+    /// Valid while the snapshot it came from lives.
     class row_reader {
     public:
+        ~row_reader();
+        row_reader(row_reader&&) noexcept;
+        row_reader& operator=(row_reader&&) noexcept;
         /// Returns the next row, or nullopt after the last; its views live until the next call.
         std::optional<raw_row_view> next();
 
+        struct state;  ///< opaque: the cursor and the journals' overlay
+
     private:
         friend class snapshot;
-        using overlay = std::vector<std::pair<std::string_view, std::string_view>>;
-        row_reader(cursor c, std::string projection, const overlay& journaled)
-            : cursor_(std::move(c)), projection_(std::move(projection)), journaled_(&journaled) {}
-        cursor cursor_;
-        std::string projection_;
-        const overlay* journaled_;  // rows the journals hold, by row key: they replace the table's
-        std::size_t at_ = 0;
-        std::optional<cursor::entry> table_row_;
-        std::string key_;
-        bool started_ = false;
+        explicit row_reader(std::unique_ptr<state> s);
+        std::unique_ptr<state> state_;
     };
     /// Returns a reader over a projection's rows (throws unknown_projection if it has none).
     row_reader read_rows(std::string_view projection) const;
-    /// Calls fn(effect key) for each effect key in a row's contributing set, oldest first.
-    /// Walks the projection's whole contributor log: for diagnostics, not hot paths.
-    void scan_contributors(std::string_view projection, std::string_view key,
-                           const std::function<void(std::string_view effect)>& fn) const;
-    /// Returns the number of effect keys in a row's contributing set (walks the log).
-    std::size_t contributors(std::string_view projection, std::string_view key) const;
-    /// Returns whether effect contributed to a row (walks the log).
-    bool contributed(std::string_view projection, std::string_view key, std::string_view effect) const;
 
     /// Returns the commit number this snapshot sees (0: nothing committed yet).
     std::uint64_t commit() const;
@@ -480,52 +488,47 @@ public:
     std::optional<std::string> checkpoint_value(std::string_view consumer, std::string_view source) const;
     /// Returns every checkpoint of a consumer as (source, position), sorted by source.
     std::vector<std::pair<std::string, std::uint64_t>> checkpoints(std::string_view consumer) const;
-    /// Returns a consumer's durable counters.
-    consumer_stats stats(std::string_view consumer) const;
-    /// Returns the number of ids in a consumer's inbox.
-    std::size_t inbox_size(std::string_view consumer) const;
-    /// Returns the number of events a consumer holds parked.
-    std::size_t parked(std::string_view consumer) const;
-    /// Returns the number of a consumer's dead letters (without reading them).
-    std::size_t dead_letter_count(std::string_view consumer) const;
-    /// Returns a consumer's dead letters in the order they were recorded.
-    std::vector<dead_letter> dead_letters(std::string_view consumer) const;
-    /// Returns a consumer's transport collisions in the order they were seen: deliveries whose transport
-    /// id was already used by another event (why = reason::transport_collision; each was judged as a
-    /// new message, its outcome in the detail).
-    std::vector<dead_letter> collisions(std::string_view consumer) const;
 
-    /// What a consumer's inbox says of one message id.
+    /// Returns a view of a consumer's inbox, parked events, dead letters, counters and audit.
+    consumer_view consumer(std::string_view name) const;
+    /// Returns a view of a projection's contributing sets.
+    projection_view projection(std::string_view name) const;
+
+    struct impl;  ///< opaque: the environment, the read transaction and the journals it sees
+
+private:
+    friend class store;
+    friend struct detail::store_access;
+    explicit snapshot(std::unique_ptr<impl> i);
+    std::unique_ptr<impl> impl_;
+};
+
+/// What a snapshot holds of one consumer: its inbox, parked events, dead letters, durable
+/// counters and operator actions (most of it for diagnostics: lookups walk a table).
+///
+/// Borrows the snapshot that returned it: valid while that snapshot lives (a move of the
+/// snapshot keeps it valid; its destruction does not).
+class consumer_view {
+public:
+    /// What the inbox says of one message id.
     struct inbox_record {
         std::uint64_t stamp = 0;        ///< on the retention clock, ns since the Unix epoch
         std::uint64_t fingerprint = 0;  ///< of the content first delivered
         std::uint64_t commit = 0;       ///< the commit that recorded its first delivery
         outcome_kind outcome = outcome_kind::applied;  ///< what its first delivery did
     };
-    /// Looks a message id up in a consumer's inbox (walks the inbox: diagnostics only). For an
-    /// envelope's own id pass envelope::message_id(), for a transport id transport_message_id().
-    std::optional<inbox_record> inbox_lookup(std::string_view consumer, std::string_view message_id) const;
-    /// Looks a transport id up in a consumer's inbox under any transport (walks the inbox:
-    /// diagnostics only); returns the inbox key it was found under (the first, oldest) and its record.
-    std::optional<std::pair<std::string, inbox_record>> inbox_lookup_transport_id(std::string_view consumer,
-                                                                                  std::string_view transport_id) const;
-    /// Retention figures of a consumer.
+    /// Retention figures of the consumer.
     struct retention_state {
         std::uint64_t event_time = 0;        ///< the highest event time seen (ns; 0: none yet)
         std::optional<std::uint64_t> oldest; ///< stamp of the oldest inbox id
         std::uint64_t inbox_floor = 0;       ///< ids stamped before this may have been pruned
     };
-    retention_state retention(std::string_view consumer) const;
-    /// Where a consumer holds a parked message: its stream, sequence, and the sequence the stream waits for.
+    /// Where a parked message is held: its stream, sequence, and the sequence the stream waits for.
     struct parked_record {
         std::string subject;
         std::uint64_t sequence = 0;
         std::uint64_t waiting_for = 0;
     };
-    /// Looks a message id up among a consumer's parked events (walks them: diagnostics only).
-    std::optional<parked_record> parked_lookup(std::string_view consumer, std::string_view message_id) const;
-    /// Returns a consumer's parked streams, by subject (walks the parked table and the inbox).
-    std::vector<parked_stream> parked_streams(std::string_view consumer) const;
     /// One parked event as stored.
     struct parked_event {
         std::string subject;
@@ -534,29 +537,79 @@ public:
         std::string message_id;         ///< as stored ('m' transport id or 'e' event id)
         std::string body;               ///< the envelope as received
     };
-    /// Returns a consumer's parked events in (subject, sequence) order.
-    std::vector<parked_event> parked_events(std::string_view consumer) const;
-    /// Returns a consumer's recorded operator actions, oldest first.
-    std::vector<operator_action> operator_actions(std::string_view consumer) const;
-    /// Returns the message ids an event (envelope::event_id()) was recorded under in a consumer's
-    /// inbox: its own, and transport ids it arrived under (walks a log: diagnostics only).
-    std::vector<std::string> message_ids_of(std::string_view consumer, std::string_view event_id) const;
+
+    /// Returns the consumer's name.
+    const std::string& name() const noexcept { return name_; }
+    /// Returns the consumer's durable counters.
+    consumer_stats stats() const;
+    /// Returns the retention figures.
+    retention_state retention() const;
+
+    /// Returns the number of ids in the inbox.
+    std::size_t inbox_size() const;
+    /// Looks a message id up in the inbox (walks the inbox: diagnostics only). For an envelope's
+    /// own id pass envelope::message_id(), for a transport id transport_message_id().
+    std::optional<inbox_record> inbox_lookup(std::string_view message_id) const;
+    /// Looks a transport id up in the inbox under any transport (walks the inbox: diagnostics
+    /// only); returns the inbox key it was found under (the first, oldest) and its record.
+    std::optional<std::pair<std::string, inbox_record>> inbox_lookup_transport_id(std::string_view transport_id) const;
+    /// Returns the message ids an event (envelope::event_id()) was recorded under in the inbox:
+    /// its own, and transport ids it arrived under (walks a log: diagnostics only).
+    std::vector<std::string> message_ids_of(std::string_view event_id) const;
     /// Returns the event id a transport message id carried, if recorded (diagnostics only).
-    std::optional<std::string> event_id_of(std::string_view consumer, std::string_view message_id) const;
-    /// Returns the number of entries in a projection's contributing sets (all rows).
-    std::size_t contributor_entries(std::string_view projection) const;
-    /// Returns the event time below which a projection's contributing sets were pruned (0: never).
-    std::uint64_t contributor_floor(std::string_view projection) const;
+    std::optional<std::string> event_id_of(std::string_view message_id) const;
+
+    /// Returns the number of events held parked.
+    std::size_t parked() const;
+    /// Looks a message id up among the parked events (walks them: diagnostics only).
+    std::optional<parked_record> parked_lookup(std::string_view message_id) const;
+    /// Returns the parked streams, by subject (walks the parked table and the inbox).
+    std::vector<parked_stream> parked_streams() const;
+    /// Returns the parked events in (subject, sequence) order.
+    std::vector<parked_event> parked_events() const;
+
+    /// Returns the number of dead letters (without reading them).
+    std::size_t dead_letter_count() const;
+    /// Returns the dead letters in the order they were recorded.
+    std::vector<dead_letter> dead_letters() const;
+    /// Returns the transport collisions in the order they were seen: deliveries whose transport id
+    /// was already used by another event (why = reason::transport_collision; each was judged as a
+    /// new message, its outcome in the detail).
+    std::vector<dead_letter> collisions() const;
+    /// Returns the recorded operator actions, oldest first.
+    std::vector<operator_action> operator_actions() const;
 
 private:
-    std::optional<MDB_dbi> table(const std::string& name) const;
-    detail::journal_view& journal(std::string_view projection) const;
-    detail::snapshot_journals_entry& journals(std::string_view projection) const;
-    MDB_dbi row_table(std::string_view projection) const;
+    friend class snapshot;
+    consumer_view(const snapshot::impl& snap, std::string_view name) : snap_(&snap), name_(name) {}
+    const snapshot::impl* snap_;
+    std::string name_;
+};
 
-    std::shared_ptr<environment> env_;
-    read_txn txn_;
-    std::shared_ptr<detail::snapshot_journals> journals_;  // read on first use, per projection
+/// What a snapshot holds of one projection's contributing sets (diagnostics: queries of one
+/// row walk the projection's whole contributor log).
+///
+/// Borrows the snapshot that returned it: valid while that snapshot lives.
+class projection_view {
+public:
+    /// Returns the projection's name.
+    const std::string& name() const noexcept { return name_; }
+    /// Calls fn(effect key) for each effect key in a row's contributing set, oldest first.
+    void scan_contributors(std::string_view key, const std::function<void(std::string_view effect)>& fn) const;
+    /// Returns the number of effect keys in a row's contributing set.
+    std::size_t contributors(std::string_view key) const;
+    /// Returns whether effect contributed to a row.
+    bool contributed(std::string_view key, std::string_view effect) const;
+    /// Returns the number of entries in the contributing sets (all rows).
+    std::size_t contributor_entries() const;
+    /// Returns the event time below which the contributing sets were pruned (0: never).
+    std::uint64_t contributor_floor() const;
+
+private:
+    friend class snapshot;
+    projection_view(const snapshot::impl& snap, std::string_view name) : snap_(&snap), name_(name) {}
+    const snapshot::impl* snap_;
+    std::string name_;
 };
 
 }  // namespace idem

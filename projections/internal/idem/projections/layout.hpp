@@ -95,11 +95,19 @@ std::string encode_clock(const clock_record& c);
 consumer_stats decode_stats(std::optional<std::string_view> v);
 std::string encode_stats(const consumer_stats& s);
 
-/// A dead letter: [reason u8][time u64][message id][detail] (strings length-prefixed), then the
-/// envelope; a too_large one keeps [size u64][digest u64] and its first dead_letter_prefix bytes,
-/// marked by the reason byte's top bit (reasons stay below 128).
+/// Where a dead letter was read: a source ("": none kept), and its line and byte offset there.
+struct dead_letter_origin {
+    std::string_view source{};
+    std::uint64_t line = 0;
+    std::uint64_t offset = 0;
+};
+/// A dead letter: [reason u8][time u64][message id][detail] (strings length-prefixed), then, when
+/// the reason byte's 0x40 bit is set, its origin [source][line u64][offset u64]; then the envelope.
+/// A too_large one keeps [size u64][digest u64] and its first dead_letter_prefix bytes, marked by
+/// the reason byte's top bit (reasons stay below 64). Records without the 0x40 bit (written before
+/// origins were kept) read with an empty source.
 std::string encode_dead_letter(reason why, std::string_view detail, std::string_view message_id,
-                               std::string_view body, std::uint64_t time_ns);
+                               std::string_view body, std::uint64_t time_ns, const dead_letter_origin& at = {});
 dead_letter decode_dead_letter(std::uint64_t position, std::string_view v);
 
 /// A parked event's key: esc(subject) 00 01 <sequence u64 BE>.
@@ -145,7 +153,7 @@ inline std::uint64_t inbox_word(std::uint64_t commit, outcome_kind k) {
 
 /// One decoded inbox value.
 struct inbox_entry {
-    snapshot::inbox_record record;
+    consumer_view::inbox_record record;
     std::string_view message_id;
 };
 

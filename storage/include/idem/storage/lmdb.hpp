@@ -5,6 +5,7 @@
 // Values returned by get() and cursors are views into the map: valid only until
 // the transaction that produced them ends. Never store one.
 
+#include <idem/storage/durability.hpp>
 #include <idem/storage/error.hpp>
 #include <idem/storage/writer_lock.hpp>
 
@@ -27,13 +28,6 @@
 #include <utility>
 
 namespace idem {
-
-/// How the environment syncs commits to disk.
-enum class durability {
-    full,      ///< every commit is fsync'ed before it returns: acknowledged means durable
-    periodic,  ///< as full for each commit; the engine paces commits to at most one per interval
-    none,      ///< no fsync at all (rebuilds, tests): a power loss may lose recent commits
-};
 
 /// Options for opening an LMDB environment.
 struct environment_options {
