@@ -11,6 +11,7 @@
 #include <mutex>
 #include <new>
 #include <optional>
+#include <span>
 #include <sstream>
 #include <thread>
 #include <variant>
@@ -28,6 +29,7 @@ struct pending_apply {
     apply_handler handler;
     engine::executor_type ex;
     clock::time_point submitted;
+    std::optional<checkpoint> at;  // the source position it was read at
 };
 
 // A flush or stop request: completes when everything queued before it is durable.
@@ -213,11 +215,11 @@ void engine::add_projection(const std::function<void(store&)>& add) {
     add(*impl_->st);
 }
 
-void engine::submit(delivery d, apply_handler handler, executor_type ex) {
+void engine::submit(delivery d, apply_handler handler, executor_type ex, std::optional<checkpoint> at) {
     auto submitted = clock::now();
     // Parsing, payload decoding and key functions run here, on the submitter's thread, so
     // the writer's time per delivery is only what needs its transaction.
-    pending_apply p{prepared_batch{}, std::move(handler), std::move(ex), submitted};
+    pending_apply p{prepared_batch{}, std::move(handler), std::move(ex), submitted, std::move(at)};
     try {
         impl_->st->prepare(std::span<const delivery>(&d, 1), p.body);
     } catch (const std::bad_alloc&) {
@@ -353,7 +355,18 @@ bool engine::impl::prune() {
 void engine::impl::commit(std::vector<pending_apply>& batch) {
     auto started_at = clock::now();
     prepared_batch bodies;
-    for (auto& p : batch) bodies.append(std::move(p.body));
+    std::vector<checkpoint> positions;  // one per source
+    for (auto& p : batch) {
+        bodies.append(std::move(p.body));
+        if (!p.at) continue;
+        auto same = std::find_if(positions.begin(), positions.end(),
+                                 [&](const checkpoint& c) { return c.source == p.at->source; });
+        if (same == positions.end()) {
+            positions.push_back(*p.at);
+        } else if (!p.at->keep_highest || p.at->position >= same->position) {
+            *same = *p.at;
+        }
+    }
 
     std::vector<outcome> outcomes;
     std::error_code ec;
@@ -363,7 +376,7 @@ void engine::impl::commit(std::vector<pending_apply>& batch) {
     }
     if (!ec) {
         try {
-            outcomes = st->apply(bodies);
+            outcomes = st->apply(bodies, std::span<const checkpoint>(positions));
         } catch (const std::system_error& e) {
             ec = e.code();
         } catch (const std::exception&) {

@@ -37,6 +37,10 @@ std::vector<outcome> store::apply(std::span<const delivery> batch, const std::op
 }
 
 std::vector<outcome> store::apply(const prepared_batch& batch, const std::optional<checkpoint>& at) {
+    return at ? apply(batch, std::span<const checkpoint>(&*at, 1)) : apply(batch, std::span<const checkpoint>());
+}
+
+std::vector<outcome> store::apply(const prepared_batch& batch, std::span<const checkpoint> at) {
     if (impl_->bulk) {
         try {
             return impl_->run_bulk(batch, at);
@@ -50,7 +54,7 @@ std::vector<outcome> store::apply(const prepared_batch& batch, const std::option
 
 outcome store::apply(const delivery& d) { return apply(std::span<const delivery>(&d, 1)).front(); }
 
-std::vector<outcome> store::impl::run(const prepared_batch& prepared, const std::optional<checkpoint>& at) {
+std::vector<outcome> store::impl::run(const prepared_batch& prepared, std::span<const checkpoint> at) {
     crash_point("after_decode");
     write_txn txn{*env};
     detail::batch_run run{*this, txn};
@@ -89,8 +93,8 @@ batch_run::batch_run(store::impl& s, write_txn& txn, bool bulk) : s_(s), txn_(tx
 }
 
 std::vector<outcome> batch_run::deliver_all(const std::vector<prepared_batch::item>& batch,
-                                            const std::optional<checkpoint>& at) {
-    source_ = at ? at->source : std::string();
+                                            std::span<const checkpoint> at) {
+    source_ = at.size() == 1 ? at.front().source : std::string();
     std::vector<outcome> outcomes;
     outcomes.reserve(batch.size());
     constexpr std::size_t ahead = 8;  // deliveries whose index slots are fetched while earlier ones apply
@@ -101,8 +105,13 @@ std::vector<outcome> batch_run::deliver_all(const std::vector<prepared_batch::it
         outcomes.back().commit = commit_;
         ++stats.outcomes[static_cast<std::size_t>(outcomes.back().kind)];
     }
-    if (at) {
-        checkpoints_[at->source] = layout::encode_checkpoint(at->position, at->detail);
+    for (const auto& c : at) {
+        if (c.keep_highest) {
+            auto stored = checkpoints_.contains(c.source) ? std::optional<std::string_view>(checkpoints_[c.source])
+                                                          : txn_.get(s_.checkpoints, c.source);
+            if (stored && stored->size() >= 8 && codec::get_u64_le(*stored) >= c.position) continue;
+        }
+        checkpoints_[c.source] = layout::encode_checkpoint(c.position, c.detail);
     }
     return outcomes;
 }

@@ -10,7 +10,7 @@
 
 namespace idem {
 
-std::vector<outcome> store::impl::run_bulk(const prepared_batch& prepared, const std::optional<checkpoint>& at) {
+std::vector<outcome> store::impl::run_bulk(const prepared_batch& prepared, std::span<const checkpoint> at) {
     auto outcomes = bulk->deliver_all(prepared.items_, at);
     prune_steps pruned;
     prune_in_batch(*bulk_txn, *bulk, pruned);

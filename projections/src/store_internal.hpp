@@ -134,7 +134,7 @@ struct store::impl {
             env->grow();
         }
     }
-    std::vector<outcome> run(const prepared_batch& batch, const std::optional<checkpoint>& at);
+    std::vector<outcome> run(const prepared_batch& batch, std::span<const checkpoint> at);
     void run_operator(const std::function<bool(detail::operator_session&)>& fn);
 
     // retention.cpp
@@ -150,7 +150,7 @@ struct store::impl {
     }
 
     // bulk.cpp
-    std::vector<outcome> run_bulk(const prepared_batch& batch, const std::optional<checkpoint>& at);
+    std::vector<outcome> run_bulk(const prepared_batch& batch, std::span<const checkpoint> at);
     void abandon_bulk();
 };
 
@@ -220,10 +220,10 @@ public:
     /// A bulk build writes rows straight into the row tables (it folds the journals in first).
     batch_run(store::impl& s, write_txn& txn, bool bulk = false);
 
-    /// Applies deliveries in order and returns their outcomes; at, if given, is where they were
-    /// read from (dead letters name it) and becomes the source's checkpoint at finish().
+    /// Applies deliveries in order and returns their outcomes; at is where they were read from
+    /// (dead letters name a single log source) and becomes each source's checkpoint at finish().
     std::vector<outcome> deliver_all(const std::vector<prepared_batch::item>& batch,
-                                     const std::optional<checkpoint>& at);
+                                     std::span<const checkpoint> at);
     /// Returns the commit number the batch's outcomes carry.
     std::uint64_t commit() const noexcept { return commit_; }
     /// Writes everything the batch holds into the transaction (the caller commits).

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <system_error>
 
@@ -119,6 +120,21 @@ public:
             token, std::move(d));
     }
 
+    /// Applies one delivery as async_apply(d, token) does, and commits at as its source's
+    /// checkpoint in the same transaction. Deliveries of one batch that name the same source
+    /// leave one checkpoint: the highest position if keep_highest (a broker's redeliveries come
+    /// out of order), else the last submitted.
+    template <boost::asio::completion_token_for<apply_signature> CompletionToken>
+    auto async_apply(delivery d, checkpoint at, CompletionToken&& token) {
+        return boost::asio::async_initiate<CompletionToken, apply_signature>(
+            [this](auto handler, delivery&& body, checkpoint&& position) {
+                auto ex = tracked(boost::asio::get_associated_executor(handler, executor_));
+                submit(std::move(body), boost::asio::any_completion_handler<apply_signature>(std::move(handler)),
+                       std::move(ex), std::move(position));
+            },
+            token, std::move(d), std::move(at));
+    }
+
     /// Completes (with no error, or the engine's failure) once everything submitted before it
     /// has completed and is durable.
     template <boost::asio::completion_token_for<void(std::error_code)> CompletionToken>
@@ -166,7 +182,8 @@ private:
         return boost::asio::prefer(ex, boost::asio::execution::outstanding_work.tracked);
     }
     void add_projection(const std::function<void(store&)>& add);
-    void submit(delivery d, boost::asio::any_completion_handler<apply_signature> handler, executor_type ex);
+    void submit(delivery d, boost::asio::any_completion_handler<apply_signature> handler, executor_type ex,
+                std::optional<checkpoint> at = std::nullopt);
     void flush(boost::asio::any_completion_handler<void(std::error_code)> handler, executor_type ex, bool stop);
 
     executor_type executor_;

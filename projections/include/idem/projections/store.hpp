@@ -67,6 +67,10 @@ struct checkpoint {
     std::string source;          ///< which source (a log path, a stream name)
     std::uint64_t position = 0;  ///< how far it was consumed (byte offset, stream sequence)
     std::string detail{};        ///< stored after the position: what else the source checks on resume (a log's file)
+    /// Keep the stored checkpoint when its position is higher. A broker redelivers older messages
+    /// after newer ones, so its checkpoint is the highest position whose outcome is committed,
+    /// not the last one; a log's position is the last one (a log read again starts lower).
+    bool keep_highest = false;
 };
 
 /// What to do with an event whose sequence skips ahead of its stream.
@@ -358,6 +362,9 @@ public:
     void prepare(std::span<const delivery> batch, prepared_batch& into) const;
     /// Applies a prepared batch in one transaction (as apply(span)).
     std::vector<outcome> apply(const prepared_batch& batch, const std::optional<checkpoint>& at = std::nullopt);
+    /// Applies a prepared batch with a checkpoint per source it read from (a batch gathered from
+    /// several sources); at most one checkpoint per source.
+    std::vector<outcome> apply(const prepared_batch& batch, std::span<const checkpoint> at);
 
     /// Starts a bulk build, for offline rebuilds into a fresh environment: every apply() until
     /// end_bulk() runs in ONE write transaction, with the same rules and outcomes, and rows stay
