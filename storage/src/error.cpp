@@ -28,6 +28,9 @@ public:
         case errc::store_locked: return "the store is being written by another process";
         case errc::store_damaged: return "the store is damaged";
         case errc::log_changed: return "event log changed under its checkpoint";
+        case errc::broker_failed: return "message broker request failed";
+        case errc::stream_changed: return "stream changed under its checkpoint";
+        case errc::delivery_exhausted: return "message reached its delivery limit without a committed outcome";
         }
         return "unknown idem error";
     }

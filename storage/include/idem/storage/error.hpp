@@ -24,6 +24,9 @@ enum class errc {
     store_locked,            ///< another process holds the store's writer lock
     store_damaged,           ///< the environment's files are damaged (truncated, bad meta pages)
     log_changed,             ///< an event log is no longer the file its checkpoint was taken in
+    broker_failed,           ///< a message broker refused or failed a request (connect, stream, consumer)
+    stream_changed,          ///< a broker's stream went back behind its checkpoint (purged, recreated)
+    delivery_exhausted,      ///< a message reached its delivery limit without a committed outcome
 };
 
 /// Returns the category of idem's own error codes ("idem").

@@ -1,0 +1,80 @@
+#pragma once
+
+// A connection to NATS with its JetStream context, owned: the one place that turns cnats
+// status codes into idem errors and a `--nats` server list into cnats options. The JetStream
+// source and the publisher both use it; neither calls nats_Close (an embedding application
+// may use cnats itself).
+
+#include <nats/nats.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace idem::jetstream::detail {
+
+/// Splits "URL[,URL...]" into its URLs; throws errc::invalid_argument for an empty list or entry.
+std::vector<std::string> split_servers(std::string_view list);
+
+/// Throws std::system_error(errc::broker_failed) naming what and the cnats status, its last
+/// error text and, if non-zero, the JetStream error code.
+[[noreturn]] void throw_nats(natsStatus s, const std::string& what, jsErrCode js = static_cast<jsErrCode>(0));
+
+/// Throws as throw_nats if s is not NATS_OK.
+inline void check_nats(natsStatus s, const std::string& what, jsErrCode js = static_cast<jsErrCode>(0)) {
+    if (s != NATS_OK) throw_nats(s, what, js);
+}
+
+/// Connection events seen on cnats' own callback thread (counted; read from any thread).
+struct connection_events {
+    std::atomic<std::uint64_t> disconnects{0};
+    std::atomic<std::uint64_t> reconnects{0};
+    std::atomic<std::uint64_t> async_errors{0};
+    std::atomic<bool> closed{false};
+};
+
+/// A connection and its JetStream context. Reconnects forever (a broker restarting is waited
+/// for, not fatal); the first connect fails at once if no server answers.
+class connection {
+public:
+    /// Connects to servers (nats://host:port); name is the client name the server shows.
+    /// request_timeout bounds JetStream API requests (stream and consumer info, AckSync).
+    connection(const std::vector<std::string>& servers, const std::string& name,
+               std::chrono::milliseconds request_timeout = std::chrono::seconds(5));
+    ~connection();
+    connection(const connection&) = delete;
+    connection& operator=(const connection&) = delete;
+
+    natsConnection* nc() const noexcept { return nc_; }
+    jsCtx* js() const noexcept { return js_; }
+    const connection_events& events() const noexcept { return *events_; }
+    /// The servers as given, for messages.
+    const std::string& servers() const noexcept { return servers_text_; }
+
+    /// Sends a PING and waits for its PONG: every message published (acks included) before it
+    /// has been processed by the server. Throws on timeout.
+    void flush(std::chrono::milliseconds timeout);
+
+private:
+    natsOptions* opts_ = nullptr;
+    natsConnection* nc_ = nullptr;
+    jsCtx* js_ = nullptr;
+    std::unique_ptr<connection_events> events_;  // cnats' callbacks hold its address
+    std::string servers_text_;
+};
+
+/// Stream information, owned.
+using stream_info_ptr = std::unique_ptr<jsStreamInfo, decltype(&jsStreamInfo_Destroy)>;
+/// Consumer information, owned.
+using consumer_info_ptr = std::unique_ptr<jsConsumerInfo, decltype(&jsConsumerInfo_Destroy)>;
+
+/// Returns the stream's information, or null if it does not exist; throws on other failures.
+stream_info_ptr stream_info(const connection& c, const std::string& stream);
+/// Returns the consumer's information, or null if it does not exist; throws on other failures.
+consumer_info_ptr consumer_info(const connection& c, const std::string& stream, const std::string& consumer);
+
+}  // namespace idem::jetstream::detail
