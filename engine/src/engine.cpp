@@ -484,6 +484,8 @@ void engine::impl::finish_marker(pending_marker& marker) {
 
 snapshot engine::read() const { return impl_->st->read(); }
 
+const engine_options& engine::options() const noexcept { return impl_->options; }
+
 snapshot engine::read(std::uint64_t at_least) const {
     auto s = impl_->st->read();
     if (s.commit() < at_least) {

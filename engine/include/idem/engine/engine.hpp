@@ -171,6 +171,8 @@ public:
     engine_stats stats() const;
     /// Renders stats() in the Prometheus text exposition format.
     std::string prometheus() const;
+    /// Returns the options the engine was opened with.
+    const engine_options& options() const noexcept;
     /// Returns the executor completions default to.
     const executor_type& get_executor() const noexcept { return executor_; }
 

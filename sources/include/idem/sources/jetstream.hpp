@@ -1,0 +1,127 @@
+#pragma once
+
+// The NATS JetStream source: a durable pull consumer whose messages the engine applies, each
+// acknowledged only after the commit that recorded its outcome is durable.
+//
+//   idem::jetstream::source_options so;
+//   so.servers = {"nats://127.0.0.1:4222"};
+//   so.stream = "ORDERS";
+//   so.consumer = "positions";            // the durable: created if missing, bound if it exists
+//   idem::jetstream::source src{so};      // connects, sets the consumer up, reads its redelivery bound
+//
+//   idem::engine_options eo;
+//   eo.store.path = "data";
+//   eo.store.retention.inbox_retention = std::chrono::hours(24);
+//   eo.store.retention.source = src.bound();  // the store refuses a retention shorter than the bound
+//   idem::engine e{io.get_executor(), eo};
+//   e.add(positions());
+//   auto result = src.run(e);             // until stop(), or caught up with until_caught_up
+//
+// Identity: a message's id is its Nats-Msg-Id header, else the envelope's source + id; never the
+// stream sequence (a republished event gets a new one). The stream sequence is the checkpoint
+// ("nats:<stream>/<consumer>"), the highest one whose outcome is committed, in the same
+// transaction as the change. Needs the meson feature `jetstream` (cnats).
+
+#include <idem/engine/engine.hpp>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace idem::jetstream {
+
+/// The durable consumer's delivery settings: applied when the source creates it, compared
+/// when it binds to an existing one (a difference is refused, naming it: a consumer is changed
+/// on purpose, not by starting a process with other flags).
+struct consumer_settings {
+    std::chrono::nanoseconds ack_wait = std::chrono::seconds(30);  ///< redelivered if not acked within
+    std::int64_t max_deliver = 5;                                  ///< deliveries at most; -1: unlimited
+    std::vector<std::chrono::nanoseconds> backoff{};  ///< redelivery delays (replace ack_wait); needs max_deliver > size
+    std::int64_t max_ack_pending = 1000;              ///< delivered and not acked at most: the engine's window
+};
+
+/// One acknowledgement, as it left (for tests and audits: on_ack).
+struct ack_event {
+    std::uint64_t stream_sequence = 0;
+    std::uint64_t delivered = 0;     ///< which delivery of the message this was (1: the first)
+    std::string message_id;          ///< the Nats-Msg-Id header, "" if none
+    bool acked = true;               ///< false: nak'd (a storage failure; it will be redelivered)
+    outcome result;                  ///< the committed outcome (acked) or none (nak'd)
+    std::uint64_t durable_commit = 0;  ///< the engine's durable commit when the ack was sent
+};
+
+/// Options of a JetStream source.
+struct source_options {
+    std::vector<std::string> servers;  ///< nats://host:port, one or more of a cluster
+    std::string stream;                ///< the stream to consume (must exist)
+    std::string consumer;              ///< the durable consumer's name
+    std::string filter_subject{};      ///< only these subjects ("" = the whole stream)
+    consumer_settings settings{};
+    /// The redelivery bound when the consumer's settings give none (max_deliver -1): how long
+    /// after a first delivery the stream may deliver the same message again.
+    std::optional<std::chrono::nanoseconds> redelivery_bound{};
+    std::size_t fetch_batch = 256;                            ///< messages per fetch at most
+    std::chrono::milliseconds fetch_wait{500};                ///< how long an empty fetch waits (below ack_wait)
+    std::chrono::milliseconds nak_delay{1000};                ///< a storage failure's redelivery delay
+    bool ack_sync = false;  ///< wait for the server to confirm each ack (a round trip per message)
+    /// Resume although the stream went back behind the checkpoint (purged, deleted and
+    /// recreated): the stream is taken as it is now and the checkpoint follows it.
+    bool accept_stream_reset = false;
+    /// Stop once the checkpoint has reached the stream's last sequence as it was when run() began.
+    bool until_caught_up = false;
+    const std::atomic<bool>* stop = nullptr;  ///< checked between fetches: stops after the batch in hand, acked
+    std::function<void(const ack_event&)> on_ack{};  ///< called for every ack and nak, on the engine's executor
+};
+
+/// What a run did.
+struct source_result {
+    std::uint64_t fetched = 0;      ///< messages received (redeliveries included)
+    std::uint64_t redelivered = 0;  ///< of them, deliveries after the first
+    std::uint64_t acked = 0;
+    std::uint64_t nakked = 0;
+    std::array<std::uint64_t, outcome_kinds> outcomes{};  ///< acked messages by outcome
+    std::uint64_t last_sequence = 0;  ///< the checkpoint when the run ended
+    std::uint64_t disconnects = 0;    ///< times the connection to the broker was lost (and regained)
+    std::chrono::nanoseconds elapsed{0};
+};
+
+/// A JetStream source: one durable pull consumer applied through one engine.
+class source {
+public:
+    /// Connects, checks that the stream exists, creates the durable consumer or binds to it
+    /// (refusing settings that differ), and computes the redelivery bound. Throws
+    /// std::system_error (errc::broker_failed, errc::invalid_argument) naming the cause.
+    explicit source(source_options options);
+    ~source();
+    source(const source&) = delete;
+    source& operator=(const source&) = delete;
+
+    /// How long after its first delivery a message may be delivered again, from the consumer's
+    /// settings (AckWait x MaxDeliver, or the BackOff delays, plus the naks' delays).
+    const redelivery_bound& bound() const;
+
+    /// Fetches and applies until stop, until caught up, or a fatal error. Refuses an engine whose
+    /// inbox retention is shorter than bound(); stops with errc::stream_changed when the stream
+    /// went back behind the stored checkpoint (unless accept_stream_reset), and with
+    /// errc::delivery_exhausted when a message reached max_deliver without a committed outcome.
+    /// Everything handed to the engine is acked (or nak'd) before it returns.
+    source_result run(engine& e);
+
+    /// Asks run() to stop after the batch in hand (thread-safe).
+    void stop() noexcept;
+
+private:
+    struct impl;
+    std::unique_ptr<impl> impl_;
+};
+
+/// The checkpoint source name of a stream's consumer: "nats:<stream>/<consumer>".
+std::string checkpoint_source(const std::string& stream, const std::string& consumer);
+
+}  // namespace idem::jetstream
