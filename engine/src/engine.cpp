@@ -203,7 +203,7 @@ engine::~engine() {
     impl_->writer.join();
 }
 
-void engine::add_projection(const std::function<void(store&)>& add) {
+void engine::add_projections(const std::function<void(store&)>& add) {
     {
         std::scoped_lock lock{impl_->m};
         if (impl_->started) {
@@ -485,6 +485,11 @@ void engine::impl::finish_marker(pending_marker& marker) {
 snapshot engine::read() const { return impl_->st->read(); }
 
 const engine_options& engine::options() const noexcept { return impl_->options; }
+
+std::uint64_t engine::durable_commit() const {
+    std::scoped_lock lock{impl_->m};
+    return impl_->counters.durable_commit;
+}
 
 snapshot engine::read(std::uint64_t at_least) const {
     auto s = impl_->st->read();

@@ -31,6 +31,11 @@ struct tool_context {
 
 using context_fn = std::function<tool_context()>;
 
+/// `consume --nats` (jetstream_consume.cpp, with the jetstream feature only).
+int consume_jetstream(const tool_context& t, const arguments& a);
+/// The options of `consume --nats`.
+std::vector<option> jetstream_consume_options();
+
 /// `rebuild` and `consume` (rebuild_consume.cpp).
 std::vector<command> log_run_commands(context_fn t);
 /// `get`, `dump` and `stats` (read_commands.cpp).

@@ -24,6 +24,15 @@ int rebuild_logs(const tool_context& t, const arguments& a) {
 }
 
 int consume_logs(const tool_context& t, const arguments& a) {
+    if (a.get("nats")) {
+        if (!a.all("log").empty()) throw usage_error("consume reads either --log files or a --nats stream, not both");
+#ifdef IDEM_JETSTREAM
+        return consume_jetstream(t, a);
+#else
+        throw usage_error("option '--nats': this idem was built without the jetstream feature (cnats)");
+#endif
+    }
+    if (a.all("log").empty()) throw usage_error("consume needs --log FILE (or --nats URL --stream S --consumer C)");
     consume_options o;
     progress_bar bar{"consume"};
     o.batch = 1000;  // the live path commits (and syncs) more often than a rebuild
@@ -49,19 +58,26 @@ std::vector<command> log_run_commands(context_fn t) {
          {"memory", "MB", "rows are aggregated in memory up to about this much, then written (default 1024)"},
          wait_option, inbox_retention_option, lateness_option, transport_option, future_skew_option, resend_option},
         [t](const arguments& a) { return rebuild_logs(t(), a); }});
-    out.push_back(command{
-        "consume",
-        "apply event logs through the live path, resumable: the log offset is committed with each batch",
-        {db_option, log_option, format_option, skip_bad_option, batch_option,
-         {"follow", "", "keep tailing the last log for appended events (stop with Ctrl-C or SIGTERM)"},
+    auto consume_log = log_option;
+    consume_log.required = false;  // or --nats
+    std::vector<option> consume_flags{
+        db_option, consume_log, format_option, skip_bad_option, batch_option,
+        {"follow", "", "keep tailing the last log for appended events (stop with Ctrl-C or SIGTERM)"},
          {"restart-changed-log", "",
           "read a log truncated or rewritten under its checkpoint again from offset 0 (the inbox drops what was "
           "applied) instead of stopping with exit 2"},
          {"durability", "full|periodic|none", "fsync policy (default full: a commit is on disk before the next)"},
          {"journal-rows", "N",
           "changed rows are journaled and folded into the row table once N are journaled (default: automatic)"},
-         wait_option, inbox_retention_option, lateness_option, transport_option, future_skew_option, resend_option},
-        [t](const arguments& a) { return consume_logs(t(), a); }});
+         wait_option, inbox_retention_option, lateness_option, transport_option, future_skew_option, resend_option};
+#ifdef IDEM_JETSTREAM
+    for (auto& o : jetstream_consume_options()) consume_flags.push_back(std::move(o));
+#endif
+    out.push_back(command{
+        "consume",
+        "apply event logs or a NATS JetStream stream through the live path, resumable: the log offset or stream "
+        "sequence is committed with each batch",
+        std::move(consume_flags), [t](const arguments& a) { return consume_logs(t(), a); }});
     return out;
 }
 

@@ -96,9 +96,12 @@ public:
     /// Adds a projection; only before the first submission.
     template <class State>
     engine& add(projection<State>&& p) {
-        add_projection([&p](store& s) { s.add(std::move(p)); });
+        add_projections([&p](store& s) { s.add(std::move(p)); });
         return *this;
     }
+    /// Adds projections through a function that adds them to the engine's store (a tool's
+    /// setup, which holds its projections type-erased); only before the first submission.
+    void add_projections(const std::function<void(store&)>& add);
 
     /// Applies one delivery; completes with (error, outcome) after the commit that recorded
     /// it is durable as the durability mode defines. Works with any completion token
@@ -171,6 +174,8 @@ public:
     engine_stats stats() const;
     /// Renders stats() in the Prometheus text exposition format.
     std::string prometheus() const;
+    /// Returns the last commit known durable (cheap, unlike stats(): for a check per completion).
+    std::uint64_t durable_commit() const;
     /// Returns the options the engine was opened with.
     const engine_options& options() const noexcept;
     /// Returns the executor completions default to.
@@ -183,7 +188,6 @@ private:
     static executor_type tracked(const Executor& ex) {
         return boost::asio::prefer(ex, boost::asio::execution::outstanding_work.tracked);
     }
-    void add_projection(const std::function<void(store&)>& add);
     void submit(delivery d, boost::asio::any_completion_handler<apply_signature> handler, executor_type ex,
                 std::optional<checkpoint> at = std::nullopt);
     void flush(boost::asio::any_completion_handler<void(std::error_code)> handler, executor_type ex, bool stop);

@@ -32,18 +32,22 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace idem::jetstream {
 
-/// The durable consumer's delivery settings: applied when the source creates it, compared
-/// when it binds to an existing one (a difference is refused, naming it: a consumer is changed
-/// on purpose, not by starting a process with other flags).
+/// The durable consumer's delivery settings. When the source creates the consumer, what is
+/// unset takes the default given here; when it binds to an existing one, what is unset is
+/// taken from it and what is set must match (a difference is refused, naming it: a consumer
+/// is changed on purpose, not by starting a process with other flags).
 struct consumer_settings {
-    std::chrono::nanoseconds ack_wait = std::chrono::seconds(30);  ///< redelivered if not acked within
-    std::int64_t max_deliver = 5;                                  ///< deliveries at most; -1: unlimited
-    std::vector<std::chrono::nanoseconds> backoff{};  ///< redelivery delays (replace ack_wait); needs max_deliver > size
-    std::int64_t max_ack_pending = 1000;              ///< delivered and not acked at most: the engine's window
+    std::optional<std::chrono::nanoseconds> ack_wait{};  ///< redelivered if not acked within (default 30 s)
+    std::optional<std::int64_t> max_deliver{};           ///< deliveries at most; -1: unlimited (default 5)
+    /// Redelivery delays, replacing ack_wait after each delivery (the last one repeats); needs a
+    /// max_deliver above their number. Default none.
+    std::optional<std::vector<std::chrono::nanoseconds>> backoff{};
+    std::optional<std::int64_t> max_ack_pending{};  ///< delivered and not acked at most: the engine's window (default 1000)
 };
 
 /// One acknowledgement, as it left (for tests and audits: on_ack).
@@ -120,6 +124,9 @@ private:
     struct impl;
     std::unique_ptr<impl> impl_;
 };
+
+/// Splits a server list "URL[,URL...]" into its URLs; throws errc::invalid_argument for an empty entry.
+std::vector<std::string> split_servers(std::string_view list);
 
 /// The checkpoint source name of a stream's consumer: "nats:<stream>/<consumer>".
 std::string checkpoint_source(const std::string& stream, const std::string& consumer);

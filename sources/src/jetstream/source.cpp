@@ -1,0 +1,430 @@
+// The JetStream source's run: one thread (the caller's) fetches from the durable pull
+// consumer and submits each message to the engine with its stream sequence as checkpoint;
+// the engine's completions, which run only after the commit is durable, ack each message
+// (or nak it when its batch failed). Up to MaxAckPending messages are in flight, so the
+// engine gathers large batches. Messages held longer than half their ack wait get an
+// in-progress ack, so a long batch does not make the server deliver them again.
+
+#include <idem/sources/jetstream.hpp>
+
+#include "connection.hpp"
+#include "consumer_setup.hpp"
+
+#include <idem/storage/duration.hpp>
+#include <idem/storage/envelope.hpp>
+#include <idem/storage/error.hpp>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+namespace idem::jetstream {
+
+namespace {
+
+using clock = std::chrono::steady_clock;
+
+// How long an idle source waits between checks that its consumer and stream still exist.
+constexpr auto health_interval = std::chrono::seconds(5);
+// Fetches that fail in a row while connected before the run gives up.
+constexpr int fetch_failures_allowed = 50;
+
+struct meta_ptr {
+    jsMsgMetaData* p = nullptr;
+    ~meta_ptr() {
+        if (p != nullptr) jsMsgMetaData_Destroy(p);
+    }
+};
+
+std::uint64_t decode_position(std::string_view stored) {
+    std::uint64_t v = 0;
+    for (std::size_t i = 0; i < 8 && i < stored.size(); ++i) {
+        v |= std::uint64_t(static_cast<unsigned char>(stored[i])) << (8 * i);
+    }
+    return v;
+}
+
+// The stream sequence an advisory names ("stream_seq":N), 0 if none.
+std::uint64_t advisory_sequence(std::string_view body) {
+    constexpr std::string_view key = "\"stream_seq\":";
+    auto at = body.find(key);
+    if (at == std::string_view::npos) return 0;
+    std::uint64_t v = 0;
+    for (auto i = at + key.size(); i < body.size() && body[i] >= '0' && body[i] <= '9'; ++i) {
+        v = v * 10 + static_cast<std::uint64_t>(body[i] - '0');
+    }
+    return v;
+}
+
+}  // namespace
+
+std::vector<std::string> split_servers(std::string_view list) { return detail::split_servers(list); }
+
+std::string checkpoint_source(const std::string& stream, const std::string& consumer) {
+    return "nats:" + stream + "/" + consumer;
+}
+
+struct source::impl {
+    source_options o;
+    std::unique_ptr<detail::connection> conn;
+    detail::consumer_config cc;
+    redelivery_bound bound;
+    std::atomic<bool> stop_requested{false};
+
+    // A message handed to the engine and not yet acked.
+    struct held {
+        natsMsg* msg = nullptr;
+        std::uint64_t sequence = 0;
+        std::uint64_t delivered = 0;
+        std::string message_id;
+        clock::time_point touched;  // delivered, or last told in progress
+    };
+
+    // Shared between the fetching thread and the completions, under m.
+    std::mutex m;
+    std::condition_variable changed;
+    std::unordered_map<std::uint64_t, held> in_flight;  // by submission number
+    std::size_t outstanding = 0;  // submitted and not yet acked or nak'd (acks are sent before it drops)
+    std::error_code fatal;
+    std::string fatal_text;
+    clock::time_point paused_until{};  // after a failed commit: wait before fetching more
+    std::vector<std::uint64_t> exhausted;  // sequences the server will not deliver again (advisories)
+    source_result result;
+
+    std::string source_name;
+    std::string detail;  // the stream's incarnation, stored with every checkpoint
+
+    void complete(std::uint64_t token, std::error_code ec, const outcome& out);
+    void fail(errc e, std::string text);
+    bool stopping() const {
+        return stop_requested.load() || (o.stop != nullptr && o.stop->load());
+    }
+    void touch_old_messages(clock::time_point now);
+    void check_exhausted(engine& e);
+    bool caught_up(std::uint64_t target);
+    void check_health();
+    static void on_advisory(natsConnection*, natsSubscription*, natsMsg* msg, void* closure);
+};
+
+source::source(source_options options) : impl_(std::make_unique<impl>()) {
+    auto& s = *impl_;
+    s.o = std::move(options);
+    if (s.o.servers.empty()) throw_error(errc::invalid_argument, "a JetStream source needs at least one server");
+    if (s.o.stream.empty()) throw_error(errc::invalid_argument, "a JetStream source needs a stream");
+    if (s.o.fetch_batch == 0) throw_error(errc::invalid_argument, "fetch_batch must be positive");
+    s.conn = std::make_unique<detail::connection>(s.o.servers, "idem " + s.o.consumer);
+    (void)detail::read_stream(*s.conn, s.o.stream);  // a missing stream is named before the consumer
+    s.cc = detail::ensure_consumer(*s.conn, s.o);
+    s.bound = detail::bound_of(s.cc, s.o);
+    s.source_name = checkpoint_source(s.o.stream, s.o.consumer);
+}
+
+source::~source() = default;
+
+const redelivery_bound& source::bound() const { return impl_->bound; }
+
+void source::stop() noexcept {
+    impl_->stop_requested = true;
+    impl_->changed.notify_all();
+}
+
+void source::impl::fail(errc e, std::string text) {
+    // Under m.
+    if (fatal) return;
+    fatal = make_error_code(e);
+    fatal_text = std::move(text);
+}
+
+void source::impl::complete(std::uint64_t token, std::error_code ec, const outcome& out) {
+    held h;
+    {
+        std::scoped_lock lock{m};
+        auto it = in_flight.find(token);
+        h = std::move(it->second);
+        in_flight.erase(it);
+    }
+    // Out of the map, no other thread touches the message: ack it without the lock.
+    ack_event ev{h.sequence, h.delivered, h.message_id, !ec, ec ? outcome{} : out};
+    natsStatus sent = NATS_OK;
+    if (!ec) {
+        jsErrCode jerr{};
+        sent = o.ack_sync ? natsMsg_AckSync(h.msg, nullptr, &jerr) : natsMsg_Ack(h.msg, nullptr);
+    } else {
+        sent = natsMsg_NakWithDelay(h.msg, o.nak_delay.count(), nullptr);
+    }
+    natsMsg_Destroy(h.msg);
+    {
+        std::scoped_lock lock{m};
+        if (!ec) {
+            ++result.acked;
+            ++result.outcomes[static_cast<std::size_t>(out.kind)];
+            result.last_sequence = std::max(result.last_sequence, h.sequence);
+            std::erase(exhausted, h.sequence);  // its last delivery committed: nothing is lost
+        } else {
+            ++result.nakked;
+            paused_until = clock::now() + o.nak_delay;
+            if (cc.max_deliver > 0 && static_cast<std::int64_t>(h.delivered) >= cc.max_deliver) {
+                fail(errc::delivery_exhausted,
+                     "stream '" + o.stream + "' sequence " + std::to_string(h.sequence) +
+                         (h.message_id.empty() ? std::string() : " (Nats-Msg-Id '" + h.message_id + "')") +
+                         " failed to commit on its delivery " + std::to_string(h.delivered) + " of MaxDeliver " +
+                         std::to_string(cc.max_deliver) + " (" + ec.message() +
+                         "); the server will not deliver it again: publish it again once the cause is fixed");
+            }
+        }
+        (void)sent;  // a lost ack only makes the server deliver the message again: a duplicate
+        --outstanding;
+    }
+    changed.notify_all();
+    if (o.on_ack) o.on_ack(ev);
+}
+
+void source::impl::touch_old_messages(clock::time_point now) {
+    std::scoped_lock lock{m};
+    for (auto& [token, h] : in_flight) {
+        auto wait = cc.wait_after(static_cast<std::int64_t>(h.delivered));
+        if (now - h.touched > wait / 2) {
+            natsMsg_InProgress(h.msg, nullptr);
+            h.touched = now;
+        }
+    }
+}
+
+void source::impl::on_advisory(natsConnection*, natsSubscription*, natsMsg* msg, void* closure) {
+    auto& self = *static_cast<impl*>(closure);
+    auto seq = advisory_sequence(std::string_view(natsMsg_GetData(msg), static_cast<std::size_t>(natsMsg_GetDataLength(msg))));
+    natsMsg_Destroy(msg);
+    if (seq == 0) return;
+    std::scoped_lock lock{self.m};
+    self.exhausted.push_back(seq);
+}
+
+// A message the server gave up on is lost unless its outcome is committed: one still in
+// flight decides in complete(); otherwise the inbox is asked for its message id.
+void source::impl::check_exhausted(engine& e) {
+    std::vector<std::uint64_t> seqs;
+    {
+        std::scoped_lock lock{m};
+        for (auto seq : exhausted) {
+            bool held_now = std::any_of(in_flight.begin(), in_flight.end(),
+                                        [&](const auto& kv) { return kv.second.sequence == seq; });
+            if (!held_now) seqs.push_back(seq);
+        }
+        for (auto seq : seqs) std::erase(exhausted, seq);
+    }
+    for (auto seq : seqs) {
+        natsMsg* msg = nullptr;
+        jsErrCode jerr{};
+        if (js_GetMsg(&msg, conn->js(), o.stream.c_str(), seq, nullptr, &jerr) != NATS_OK) continue;  // gone: nothing to apply
+        const char* id = nullptr;
+        std::string message_id;
+        if (natsMsgHeader_Get(msg, "Nats-Msg-Id", &id) == NATS_OK && id != nullptr) {
+            message_id = transport_message_id(o.stream, id);
+        } else {
+            envelope ev;
+            parse_error err;
+            envelope_parser parser;
+            if (parser.parse(std::string_view(natsMsg_GetData(msg), static_cast<std::size_t>(natsMsg_GetDataLength(msg))),
+                             ev, err)) {
+                message_id = ev.msgid.empty() ? ev.message_id() : transport_message_id(o.stream, ev.msgid);
+            }
+        }
+        natsMsg_Destroy(msg);
+        if (!message_id.empty() && e.read().consumer(e.options().store.consumer).inbox_lookup(message_id)) continue;
+        std::scoped_lock lock{m};
+        fail(errc::delivery_exhausted, "stream '" + o.stream + "' sequence " + std::to_string(seq) +
+                                           " reached MaxDeliver " + std::to_string(cc.max_deliver) +
+                                           " without a committed outcome: the server will not deliver it again");
+    }
+}
+
+void source::impl::check_health() {
+    if (natsConnection_Status(conn->nc()) != NATS_CONN_STATUS_CONNECTED) return;  // judged once reconnected
+    auto now = detail::read_stream(*conn, o.stream);
+    if (detail::checkpoint_detail(now) != detail) {
+        std::scoped_lock lock{m};
+        fail(errc::stream_changed, "stream '" + o.stream + "' was deleted and created again while it was consumed");
+        return;
+    }
+    if (!detail::consumer_info(*conn, o.stream, o.consumer)) {
+        std::scoped_lock lock{m};
+        fail(errc::broker_failed, "consumer '" + o.consumer + "' of stream '" + o.stream +
+                                      "' was deleted while it was consumed");
+    }
+}
+
+// Whether everything up to target is acked (nothing of this run in flight): the consumer's
+// ack floor reached it, or nothing is pending at all (a filtered consumer whose last message
+// is below target).
+bool source::impl::caught_up(std::uint64_t target) {
+    {
+        std::scoped_lock lock{m};
+        if (outstanding != 0) return false;
+    }
+    if (target == 0) return true;
+    try {
+        conn->flush(std::chrono::seconds(5));  // the acks sent so far are processed
+        auto ci = detail::consumer_info(*conn, o.stream, o.consumer);
+        if (!ci) return false;
+        return ci->AckFloor.Stream >= target || (ci->NumPending == 0 && ci->NumAckPending == 0);
+    } catch (const std::system_error&) {
+        return false;  // disconnected: asked again later
+    }
+}
+
+source_result source::run(engine& e) {
+    auto& s = *impl_;
+    const auto started = clock::now();
+    const auto& retention = e.options().store.retention;
+    if (retention.inbox_retention && *retention.inbox_retention < s.bound.bound) {
+        throw_error(errc::invalid_argument,
+                    "inbox retention " + format_duration(*retention.inbox_retention) +
+                        " is shorter than the redelivery bound of consumer '" + s.o.consumer + "' of stream '" +
+                        s.o.stream + "', " + s.bound.what +
+                        ": a redelivery after its id was pruned would be applied again");
+    }
+    auto now = detail::read_stream(*s.conn, s.o.stream);
+    s.detail = detail::checkpoint_detail(now);
+    if (auto stored = e.read().checkpoint_value(e.options().store.consumer, s.source_name); stored && stored->size() >= 8) {
+        detail::check_stream(now, decode_position(*stored), stored->substr(8), s.o, s.o.accept_stream_reset);
+    }
+    const std::uint64_t target = now.last_sequence;
+
+    natsSubscription* sub = nullptr;
+    jsSubOptions so;
+    jsSubOptions_Init(&so);
+    so.Stream = s.o.stream.c_str();
+    so.Consumer = s.o.consumer.c_str();
+    jsErrCode jerr{};
+    detail::check_nats(js_PullSubscribe(&sub, s.conn->js(), nullptr, nullptr, nullptr, &so, &jerr),
+                       "binding to consumer '" + s.o.consumer + "' of stream '" + s.o.stream + "'", jerr);
+    natsSubscription* advisories = nullptr;
+    const std::string advisory = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES." + s.o.stream + "." + s.o.consumer;
+    natsConnection_Subscribe(&advisories, s.conn->nc(), advisory.c_str(), &impl::on_advisory, &s);
+
+    std::uint64_t submitted = 0;
+    auto finish = [&] {
+        // Everything handed out is acked or nak'd before the subscription goes (a message
+        // refers to it), and the server has the acks before the run returns.
+        std::unique_lock lock{s.m};
+        s.changed.wait(lock, [&] { return s.outstanding == 0; });
+        lock.unlock();
+        try {
+            s.conn->flush(std::chrono::seconds(5));
+        } catch (const std::system_error&) {
+            // Disconnected: acks not yet sent are lost, and the messages come again as duplicates.
+        }
+        if (advisories != nullptr) {
+            natsSubscription_Unsubscribe(advisories);
+            natsSubscription_Destroy(advisories);
+        }
+        natsSubscription_Unsubscribe(sub);
+        natsSubscription_Destroy(sub);
+    };
+
+    try {
+        int failures = 0;
+        auto next_health = clock::now() + health_interval;
+        auto next_touch = clock::now();
+        for (;;) {
+            std::size_t room = 0;
+            {
+                std::unique_lock lock{s.m};
+                if (s.fatal) break;
+                if (s.stopping()) break;
+                auto window = static_cast<std::size_t>(std::max<std::int64_t>(s.cc.max_ack_pending, 1));
+                room = window > s.outstanding ? window - s.outstanding : 0;
+                if (room == 0 || clock::now() < s.paused_until) {
+                    // The window is full (the server would send nothing) or a commit failed:
+                    // wait for completions, waking to keep held messages in progress.
+                    s.changed.wait_for(lock, std::chrono::milliseconds(50));
+                    lock.unlock();
+                    s.touch_old_messages(clock::now());
+                    continue;
+                }
+            }
+            if (clock::now() >= next_touch) {
+                s.touch_old_messages(clock::now());
+                next_touch = clock::now() + std::chrono::milliseconds(100);
+            }
+            auto want = static_cast<int>(std::min(room, s.o.fetch_batch));
+            natsMsgList list{nullptr, 0};
+            auto status = natsSubscription_Fetch(&list, sub, want, s.o.fetch_wait.count(), &jerr);
+            if (list.Count == 0) {
+                natsMsgList_Destroy(&list);
+                if (status != NATS_OK && status != NATS_TIMEOUT && status != NATS_NOT_FOUND &&
+                    natsConnection_Status(s.conn->nc()) == NATS_CONN_STATUS_CONNECTED && ++failures > fetch_failures_allowed) {
+                    detail::throw_nats(status, "fetching from consumer '" + s.o.consumer + "' of stream '" +
+                                                   s.o.stream + "'", jerr);
+                }
+                if (status != NATS_OK && status != NATS_TIMEOUT && status != NATS_NOT_FOUND) {
+                    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+                }
+                // Idle: is the run done, and is the consumer still there?
+                if (s.o.until_caught_up && s.caught_up(target)) break;
+                s.check_exhausted(e);
+                if (clock::now() >= next_health) {
+                    s.check_health();
+                    next_health = clock::now() + health_interval;
+                }
+                continue;
+            }
+            failures = 0;
+            for (int i = 0; i < list.Count; ++i) {
+                natsMsg* msg = list.Msgs[i];
+                list.Msgs[i] = nullptr;  // owned here now
+                // Metadata and headers are read on this thread, before anyone else sees the message.
+                meta_ptr meta;
+                impl::held h;
+                h.msg = msg;
+                h.touched = clock::now();
+                if (natsMsg_GetMetaData(&meta.p, msg) == NATS_OK) {
+                    h.sequence = meta.p->Sequence.Stream;
+                    h.delivered = meta.p->NumDelivered;
+                }
+                const char* id = nullptr;
+                if (natsMsgHeader_Get(msg, "Nats-Msg-Id", &id) == NATS_OK && id != nullptr) h.message_id = id;
+                delivery d;
+                d.body.assign(natsMsg_GetData(msg), static_cast<std::size_t>(natsMsg_GetDataLength(msg)));
+                d.message_id = h.message_id;
+                d.transport = s.o.stream;  // a Nats-Msg-Id is unique within its stream only
+                checkpoint at{s.source_name, h.sequence, s.detail, true};
+                const auto token = submitted++;
+                {
+                    std::scoped_lock lock{s.m};
+                    ++s.result.fetched;
+                    if (h.delivered > 1) ++s.result.redelivered;
+                    ++s.outstanding;
+                    s.in_flight.emplace(token, std::move(h));
+                }
+                e.async_apply(std::move(d), std::move(at), [&s, token](std::error_code ec, outcome out) {
+                    s.complete(token, ec, out);
+                });
+            }
+            natsMsgList_Destroy(&list);
+            if (s.o.until_caught_up) {
+                bool reached = false;
+                {
+                    std::scoped_lock lock{s.m};
+                    reached = s.result.last_sequence >= target;
+                }
+                if (reached && s.caught_up(target)) break;
+            }
+        }
+    } catch (...) {
+        finish();
+        throw;
+    }
+    finish();
+    s.check_exhausted(e);
+    std::scoped_lock lock{s.m};
+    if (s.fatal) throw std::system_error(s.fatal, s.fatal_text);
+    s.result.disconnects = s.conn->events().disconnects.load();
+    s.result.elapsed = clock::now() - started;
+    return s.result;
+}
+
+}  // namespace idem::jetstream

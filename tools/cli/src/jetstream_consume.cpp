@@ -1,0 +1,187 @@
+// `consume --nats`: a durable JetStream consumer applied through the engine, each message
+// acked after the commit that recorded it is durable. Ctrl-C or SIGTERM stops after the
+// messages in hand are committed and acked.
+
+#include "commands.hpp"
+#include "interrupt.hpp"
+#include "json_writer.hpp"
+#include "log_run.hpp"
+#include "options.hpp"
+#include "text.hpp"
+
+#include <idem/engine/engine.hpp>
+#include <idem/sources/jetstream.hpp>
+#include <idem/storage/duration.hpp>
+
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/use_future.hpp>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <thread>
+
+namespace idem::cli::detail {
+
+namespace {
+
+std::vector<std::chrono::nanoseconds> durations_option(const arguments& a, std::string_view name) {
+    std::vector<std::chrono::nanoseconds> out;
+    auto v = *a.get(name);
+    std::size_t start = 0;
+    while (start <= v.size()) {
+        auto comma = v.find(',', start);
+        auto part = v.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+        auto d = parse_duration(part);
+        if (!d) throw usage_error("option '--" + std::string(name) + "': '" + part + "' is not a duration (30s, 2m)");
+        out.push_back(*d);
+        if (comma == std::string::npos) break;
+        start = comma + 1;
+    }
+    return out;
+}
+
+// --ack-log: one JSON line per ack or nak as it leaves, written with write(2) so that the
+// lines of a process killed at any moment are on disk (an audit of ack-after-commit).
+class ack_log {
+public:
+    explicit ack_log(const std::string& path) : fd_(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644)) {
+        if (fd_ < 0) throw std::system_error(errno, std::system_category(), "option '--ack-log': " + path);
+    }
+    ~ack_log() { ::close(fd_); }
+    ack_log(const ack_log&) = delete;
+    ack_log& operator=(const ack_log&) = delete;
+
+    void write(const jetstream::ack_event& ev, std::uint64_t durable) {
+        std::string line;
+        json_writer w{line};
+        w.begin_object()
+            .field("seq", ev.stream_sequence)
+            .field("delivered", ev.delivered)
+            .field("msgid", ev.message_id)
+            .field("acked", ev.acked)
+            .field("outcome", ev.acked ? std::string(to_string(ev.result.kind)) : std::string("error"))
+            .field("commit", ev.result.commit)
+            .field("durable", durable);
+        w.end_object();
+        line += '\n';
+        std::scoped_lock lock{m_};
+        (void)!::write(fd_, line.data(), line.size());
+    }
+
+private:
+    int fd_;
+    std::mutex m_;
+};
+
+std::string result_json(const jetstream::source_result& r, const redelivery_bound& bound) {
+    std::string out;
+    json_writer w{out};
+    const double s = std::max(seconds(r.elapsed), 1e-9);
+    w.begin_object()
+        .field("fetched", r.fetched)
+        .field("redelivered", r.redelivered)
+        .field("acked", r.acked)
+        .field("nakked", r.nakked)
+        .field("last_sequence", r.last_sequence)
+        .field("disconnects", r.disconnects)
+        .field("redelivery_bound", bound.what);
+    w.key("seconds").fixed(seconds(r.elapsed), 3);
+    w.field("messages_per_second", std::uint64_t(double(r.fetched) / s));
+    w.key("outcomes").begin_object();
+    for (std::size_t i = 0; i < outcome_kinds; ++i) w.field(to_string(static_cast<outcome_kind>(i)), r.outcomes[i]);
+    w.end_object().end_object();
+    return out + "\n";
+}
+
+}  // namespace
+
+std::vector<option> jetstream_consume_options() {
+    return {
+        {"nats", "URL[,URL...]", "consume a NATS JetStream stream (servers of one cluster) instead of logs"},
+        {"stream", "S", "with --nats: the stream (must exist: see idem publish)"},
+        {"consumer", "NAME", "with --nats: the durable pull consumer, created if missing, bound if it exists"},
+        {"subject", "FILTER", "with --nats: only the stream's subjects matching FILTER (when creating the consumer)"},
+        {"ack-wait", "D", "with --nats: redelivered if not acked within D (default 30s; an existing consumer's)"},
+        {"max-deliver", "N", "with --nats: deliveries of a message at most, -1 unlimited (default 5)"},
+        {"backoff", "D,D,...", "with --nats: redelivery delays replacing --ack-wait (needs --max-deliver above their number)"},
+        {"max-ack-pending", "N", "with --nats: messages delivered and not yet acked at most (default 1000)"},
+        {"redelivery-bound", "D",
+         "with --nats: how late a message may come again when --max-deliver is -1 (then required)"},
+        {"fetch-batch", "N", "with --nats: messages per fetch at most (default 256)"},
+        {"ack-sync", "", "with --nats: wait for the server to confirm each ack (a round trip per message)"},
+        {"accept-stream-reset", "",
+         "with --nats: resume although the stream went back behind the checkpoint (purged, recreated) instead "
+         "of stopping with exit 2"},
+        {"until-caught-up", "",
+         "with --nats: stop once everything up to the stream's last sequence at the start is acked"},
+        {"ack-log", "FILE", "with --nats: append one JSON line per ack or nak as it is sent (an audit)"},
+    };
+}
+
+int consume_jetstream(const tool_context& t, const arguments& a) {
+    jetstream::source_options so;
+    so.servers = jetstream::split_servers(a.required("nats"));
+    so.stream = a.required("stream");
+    so.consumer = a.required("consumer");
+    if (auto f = a.get("subject")) so.filter_subject = *f;
+    so.settings.ack_wait = duration_option(a, "ack-wait");
+    if (a.get("max-deliver")) {
+        auto v = a.required("max-deliver");
+        so.settings.max_deliver = v == "-1" ? -1 : static_cast<std::int64_t>(a.positive("max-deliver", 1));
+    }
+    if (a.get("backoff")) so.settings.backoff = durations_option(a, "backoff");
+    if (a.get("max-ack-pending")) so.settings.max_ack_pending = static_cast<std::int64_t>(a.positive("max-ack-pending", 1));
+    so.redelivery_bound = duration_option(a, "redelivery-bound");
+    if (a.get("fetch-batch")) so.fetch_batch = static_cast<std::size_t>(a.positive("fetch-batch", 1));
+    so.ack_sync = a.flag("ack-sync");
+    so.accept_stream_reset = a.flag("accept-stream-reset");
+    so.until_caught_up = a.flag("until-caught-up");
+    so.stop = &stop_requested;
+    std::optional<ack_log> audit;
+    if (auto p = a.get("ack-log")) audit.emplace(*p);
+    engine* applying = nullptr;  // set once the engine exists, before anything is acked
+    if (audit) so.on_ack = [&](const jetstream::ack_event& ev) { audit->write(ev, applying->durable_commit()); };
+    stop_signals signals;
+
+    jetstream::source src{so};
+
+    const std::filesystem::path db = a.required("db");
+    engine_options eo;
+    eo.store = t.store_for(db);
+    eo.store.sync = durability_from(a);
+    eo.store.wait_for_writer = writer_wait(t.name, a, db);
+    retention_from(a, eo.store);
+    eo.store.retention.clock = retention_clock::wall;  // a broker redelivers in wall time
+    eo.store.retention.source = src.bound();            // a shorter inbox retention is refused
+    eo.max_in_flight = std::max<std::size_t>(eo.max_in_flight, 2 * so.fetch_batch);
+
+    boost::asio::io_context io;
+    auto work = boost::asio::make_work_guard(io);
+    std::thread completions([&io] { io.run(); });
+    struct joiner {
+        std::thread& t;
+        decltype(work)& w;
+        ~joiner() {
+            w.reset();
+            t.join();
+        }
+    } join_at_end{completions, work};
+
+    engine e{io.get_executor(), eo};
+    e.add_projections(t.setup);
+    applying = &e;
+    auto r = src.run(e);
+    e.async_stop(boost::asio::use_future).get();
+    std::fprintf(stderr, "consumed stream '%s' into %s: %s messages in %.2f s, %s acked, %s nak'd, %s redelivered; "
+                 "checkpoint at sequence %s\n",
+                 so.stream.c_str(), db.string().c_str(), with_commas(r.fetched).c_str(), seconds(r.elapsed),
+                 with_commas(r.acked).c_str(), with_commas(r.nakked).c_str(), with_commas(r.redelivered).c_str(),
+                 with_commas(r.last_sequence).c_str());
+    print(result_json(r, src.bound()));
+    return 0;
+}
+
+}  // namespace idem::cli::detail
