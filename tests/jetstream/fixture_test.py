@@ -40,6 +40,11 @@ class fixture_test(unittest.TestCase):
 
             info = ns.stream_info("ORDERS")
             self.assertEqual((info["messages"], info["first_seq"], info["last_seq"]), (52, 1, 52))
+            one, two, none = ns.messages("ORDERS", [1, 2, 99])
+            self.assertEqual((one["subject"], one["data"], one["headers"]), ("orders.o-1", event("s", "1"),
+                                                                             {"Nats-Msg-Id": "m-1"}))
+            self.assertEqual((two["data"], two["headers"]), (b"not json at all", {}))
+            self.assertIsNone(none)
 
             with self.assertRaises(nats_server.nats_error) as refused:
                 ns.publish("payments.p-1", b"{}")  # no stream captures it

@@ -15,6 +15,7 @@ can feed bodies idem would never write and check the broker's state without trus
 own NATS code. Python's standard library only.
 """
 
+import base64
 import json
 import os
 import shutil
@@ -165,6 +166,11 @@ class nats_server:
 
     # --- inspection through the monitoring endpoint -----------------------------------------
 
+    def varz(self):
+        """Returns the /varz report (server limits such as max_payload, connections)."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.monitor_port}/varz", timeout=10) as r:
+            return json.load(r)
+
     def jsz(self):
         """Returns the /jsz report with every stream, consumer and config."""
         url = f"http://127.0.0.1:{self.monitor_port}/jsz?accounts=true&streams=true&consumers=true&config=true"
@@ -232,6 +238,22 @@ class nats_server:
         with self.connect() as c:
             return c.publish_many(messages)
 
+    def messages(self, stream, seqs):
+        """Returns the stored messages at sequences seqs, read through $JS.API.STREAM.MSG.GET, each
+        {seq, subject, data: bytes, headers: dict}; None where a sequence holds no message."""
+        with self.connect() as c:
+            replies = c.request_many([(f"$JS.API.STREAM.MSG.GET.{stream}", json.dumps({"seq": q}).encode(), None)
+                                      for q in seqs])
+        out = []
+        for reply in replies:
+            m = reply.get("message")
+            if m is None:
+                out.append(None)
+                continue
+            out.append({"seq": m["seq"], "subject": m["subject"], "data": base64.b64decode(m.get("data", "")),
+                        "headers": _parse_headers(base64.b64decode(m.get("hdrs", "")))})
+        return out
+
     def create_stream(self, name, subjects, duplicates_ns=None, replicas=1):
         """Creates a file-storage stream capturing subjects; returns the server's stream info."""
         config = {"name": name, "subjects": list(subjects), "storage": "file", "retention": "limits",
@@ -250,6 +272,16 @@ class nats_server:
         """Deletes the stream and its consumers."""
         with self.connect() as c:
             return c.api(f"$JS.API.STREAM.DELETE.{name}", None)
+
+
+def _parse_headers(block):
+    """Parses a "NATS/1.0\\r\\nKey: Value\\r\\n..." header block into a dict (last value wins)."""
+    headers = {}
+    for line in block.decode(errors="replace").split("\r\n")[1:]:
+        if ":" in line:
+            k, v = line.split(":", 1)
+            headers[k.strip()] = v.strip()
+    return headers
 
 
 def _port_of(url):
