@@ -107,18 +107,30 @@ public:
         check_nats(natsConnection_JetStream(&js_, c.nc(), &jo), "JetStream context at '" + c.servers() + "'");
     }
     ~publish_context() {
-        // Messages still pending on an error path: take them back so they are freed, not acked into freed state.
+        // Messages still pending on an error path: taken back so they are freed, not acked into freed state.
         natsMsgList pending{};
-        if (js_PublishAsyncGetPendingList(&pending, js_) == NATS_OK) natsMsgList_Destroy(&pending);
+        if (take_pending(pending)) natsMsgList_Destroy(&pending);
         jsCtx_Destroy(js_);
     }
     publish_context(const publish_context&) = delete;
     publish_context& operator=(const publish_context&) = delete;
 
-    jsCtx* get() const noexcept { return js_; }
+    /// Publishes *msg asynchronously; on NATS_OK cnats owns it and *msg is null.
+    natsStatus publish(natsMsg** msg, jsPubOptions* po) {
+        used_ = true;
+        return js_PublishMsgAsync(js_, msg, po);
+    }
+    /// Takes back the messages still awaiting their ack (the caller owns them); false if none.
+    bool take_pending(natsMsgList& out) {
+        // cnats 3.4.1 crashes here on a context that never published (its pending map is not made yet).
+        return used_ && js_PublishAsyncGetPendingList(&out, js_) == NATS_OK;
+    }
+    /// Waits until every publish is acked or failed, for at most po->MaxWait.
+    natsStatus complete(jsPubOptions* po) { return used_ ? js_PublishAsyncComplete(js_, po) : NATS_OK; }
 
 private:
     jsCtx* js_ = nullptr;
+    bool used_ = false;
 };
 
 std::string seconds_text(std::chrono::nanoseconds d) {
@@ -218,7 +230,7 @@ public:
         jsPubOptions po;
         jsPubOptions_Init(&po);
         po.MaxWait = o_.ack_timeout.count();
-        js_PublishAsyncComplete(js_->get(), &po);  // the usual case: everything acked, nothing failed
+        js_->complete(&po);  // the usual case: everything acked, nothing failed
         for (;;) {
             {
                 std::unique_lock lock{st_.m};
@@ -273,7 +285,7 @@ private:
         jsPubOptions_Init(&po);
         po.MaxWait = o_.ack_timeout.count();
         natsMsg* raw = msg.release();
-        auto s = js_PublishMsgAsync(js_->get(), &raw, &po);
+        auto s = js_->publish(&raw, &po);
         if (s == NATS_OK) return;  // cnats owns it now (raw is null)
         msg.reset(raw);            // refused before it left: still ours
         {
@@ -317,7 +329,7 @@ private:
     // back from cnats and count as failed, to be sent again.
     void take_back_pending() {
         natsMsgList pending{};
-        if (js_PublishAsyncGetPendingList(&pending, js_->get()) != NATS_OK) return;  // NATS_NOT_FOUND: none
+        if (!js_->take_pending(pending)) return;  // NATS_NOT_FOUND: none
         std::lock_guard lock{st_.m};
         for (int i = 0; i < pending.Count; ++i) {
             auto it = st_.in_flight.find(pending.Msgs[i]);
@@ -370,6 +382,12 @@ publish_result publish(const publish_options& options) {
         throw_error(errc::invalid_argument, "replicas " + std::to_string(options.replicas) + " is not between 1 and 5");
     }
     if (options.max_pending == 0) throw_error(errc::invalid_argument, "max_pending is 0");
+    for (const auto& log : options.logs) {
+        // Every log readable before the stream is touched: a typo creates no stream.
+        log_reader_options ro;
+        ro.format = options.format;
+        log_reader check{log, ro};
+    }
     const auto start = clock::now();
     publish_result r;
     publisher p{options, r};
