@@ -167,10 +167,14 @@ void set_up_stream(const detail::connection& c, const publish_options& o, const 
         } else if (static_cast<int>(jerr) == js_stream_name_in_use) {
             si = detail::stream_info(c, o.stream);  // made meanwhile by someone else: checked below
         } else {
-            check_nats(s, "cannot create stream '" + o.stream + "' capturing '" + subject.pattern() + "' at '" +
-                              c.servers() + "'", jerr);
+            const auto what = "cannot create stream '" + o.stream + "' capturing '" + subject.pattern() + "' at '" +
+                              c.servers() + "'";
+            check_nats(s, what, jerr);
         }
-        if (!si) throw_error(errc::broker_failed, "stream '" + o.stream + "' at '" + c.servers() + "' vanished while created");
+        if (!si) {
+            throw_error(errc::broker_failed,
+                        "stream '" + o.stream + "' at '" + c.servers() + "' vanished while created");
+        }
     }
     const auto& config = *si->Config;
     for (int i = 0; i < config.SubjectsLen; ++i) r.stream_subjects.emplace_back(config.Subjects[i]);
@@ -180,8 +184,9 @@ void set_up_stream(const detail::connection& c, const publish_options& o, const 
     auto captured = std::any_of(r.stream_subjects.begin(), r.stream_subjects.end(),
                                 [&](const std::string& f) { return detail::captures(f, subject.pattern()); });
     if (!captured) {
-        throw_error(errc::invalid_argument, "stream '" + o.stream + "' at '" + c.servers() + "' does not capture subject '" +
-                                                subject.pattern() + "' (its subjects: " + join(r.stream_subjects) +
+        throw_error(errc::invalid_argument, "stream '" + o.stream + "' at '" + c.servers() +
+                                                "' does not capture subject '" + subject.pattern() +
+                                                "' (its subjects: " + join(r.stream_subjects) +
                                                 "); choose one of them, or another stream");
     }
 }
@@ -220,8 +225,8 @@ public:
         }
         r_.skipped += reader.skipped();
         if (auto torn = reader.torn_tail()) {
-            r_.torn_tails.push_back(o_.logs[log].string() + ": incomplete last record at offset " + std::to_string(*torn) +
-                                    " not published (" + reader.torn_detail() + ")");
+            r_.torn_tails.push_back(o_.logs[log].string() + ": incomplete last record at offset " +
+                                    std::to_string(*torn) + " not published (" + reader.torn_detail() + ")");
         }
     }
 
@@ -236,7 +241,8 @@ public:
                 std::unique_lock lock{st_.m};
                 if (st_.in_flight.empty() && st_.failed.empty()) break;
                 if (st_.failed.empty()) {
-                    auto progressed = st_.changed.wait_for(lock, o_.ack_timeout, [&] { return !st_.failed.empty() || st_.in_flight.empty(); });
+                    auto progressed = st_.changed.wait_for(
+                        lock, o_.ack_timeout, [&] { return !st_.failed.empty() || st_.in_flight.empty(); });
                     if (!progressed) {
                         lock.unlock();
                         take_back_pending();
@@ -259,7 +265,8 @@ private:
         parse_error err;
         const bool valid = parser_.parse(rec.body, ev, err);
         if (!valid) ++r_.malformed;  // published all the same: the consumer dead-letters it, with its reason
-        const std::string id = (valid && o_.msg_id == msg_id_policy::envelope) ? detail::publish_msg_id(ev) : std::string{};
+        const std::string id =
+            (valid && o_.msg_id == msg_id_policy::envelope) ? detail::publish_msg_id(ev) : std::string{};
         // The header costs "NATS/1.0\r\nNats-Msg-Id: <id>\r\n\r\n" on top of the body.
         const auto size = static_cast<std::int64_t>(rec.body.size() + (id.empty() ? 0 : id.size() + 30));
         if (size > max_payload_) {
@@ -271,7 +278,10 @@ private:
         check_nats(natsMsg_Create(&raw, subject.c_str(), nullptr, rec.body.data(), static_cast<int>(rec.body.size())),
                    "message for " + where(log, rec.line));
         msg_ptr msg{raw};
-        if (!id.empty()) check_nats(natsMsgHeader_Set(msg.get(), "Nats-Msg-Id", id.c_str()), "Nats-Msg-Id of " + where(log, rec.line));
+        if (!id.empty()) {
+            check_nats(natsMsgHeader_Set(msg.get(), "Nats-Msg-Id", id.c_str()),
+                       "Nats-Msg-Id of " + where(log, rec.line));
+        }
         send(std::move(msg), origin{log, rec.line});
     }
 
@@ -355,8 +365,8 @@ private:
 
     void too_large(std::size_t log, std::uint64_t line, std::size_t bytes) {
         ++r_.too_large;
-        r_.too_large_records.push_back(where(log, line) + " (" + std::to_string(bytes) + " bytes; the server's max payload is " +
-                                       std::to_string(max_payload_) + ")");
+        r_.too_large_records.push_back(where(log, line) + " (" + std::to_string(bytes) +
+                                       " bytes; the server's max payload is " + std::to_string(max_payload_) + ")");
     }
 
     std::string where(std::size_t log, std::uint64_t line) const {

@@ -65,7 +65,8 @@ publish_subject::publish_subject(std::string pattern) : pattern_(std::move(patte
         auto t = ts[i];
         if (t.empty()) refuse("has an empty token (a leading, trailing or double dot)");
         for (char c : t) {
-            if (static_cast<unsigned char>(c) <= 0x20 || c == 0x7F) refuse("contains whitespace or a control character");
+            if (static_cast<unsigned char>(c) <= 0x20 || c == 0x7F)
+                refuse("contains whitespace or a control character");
         }
         if (t.size() > 1 && (t.find('*') != std::string_view::npos || t.find('>') != std::string_view::npos)) {
             refuse("has '*' or '>' inside a token (a wildcard is a whole token)");
@@ -96,7 +97,7 @@ bool captures(std::string_view filter, std::string_view subject) {
             if (s[i] == ">") return false;  // '>' spans tokens a '*' cannot
             continue;
         }
-        if (f[i] != s[i]) return false;     // a literal captures only itself, not a wildcard
+        if (f[i] != s[i]) return false;  // a literal captures only itself, not a wildcard
     }
     return f.size() == s.size();
 }

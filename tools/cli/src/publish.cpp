@@ -40,7 +40,8 @@ jetstream::publish_options options_from(const arguments& a) {
     if (o.duplicates_window && o.duplicates_window->count() <= 0) {
         throw usage_error("option '--duplicates-window': must be longer than 0");
     }
-    o.max_pending = static_cast<std::size_t>(std::min<std::uint64_t>(a.positive("max-pending", o.max_pending), 1u << 20));
+    o.max_pending =
+        static_cast<std::size_t>(std::min<std::uint64_t>(a.positive("max-pending", o.max_pending), 1u << 20));
     return o;
 }
 
@@ -70,13 +71,16 @@ std::string result_json(const jetstream::publish_result& r) {
 
 void print_summary(const arguments& a, const jetstream::publish_options& o, const jetstream::publish_result& r) {
     const double secs = seconds(std::chrono::duration_cast<std::chrono::steady_clock::duration>(r.elapsed));
-    std::string line = "publish: " + with_commas(r.published) + " messages to stream '" + o.stream + "' in " +
-                       fixed(secs, 2) + " s (" +
-                       with_commas(static_cast<std::uint64_t>(static_cast<double>(r.published) / std::max(secs, 1e-9))) +
-                       " messages/s): " + with_commas(r.stored) + " stored";
-    if (r.stored != 0) line += " (sequences " + std::to_string(r.first_sequence) + "-" + std::to_string(r.last_sequence) + ")";
-    line += ", " + with_commas(r.duplicates) + " duplicates dropped by the stream's " + format_duration(r.duplicates_window) +
-            " window, " + with_commas(r.malformed) + " malformed (published without a message id)";
+    std::string line =
+        "publish: " + with_commas(r.published) + " messages to stream '" + o.stream + "' in " + fixed(secs, 2) +
+        " s (" + with_commas(static_cast<std::uint64_t>(static_cast<double>(r.published) / std::max(secs, 1e-9))) +
+        " messages/s): " + with_commas(r.stored) + " stored";
+    if (r.stored != 0) {
+        line += " (sequences " + std::to_string(r.first_sequence) + "-" + std::to_string(r.last_sequence) + ")";
+    }
+    line += ", " + with_commas(r.duplicates) + " duplicates dropped by the stream's " +
+            format_duration(r.duplicates_window) + " window, " + with_commas(r.malformed) +
+            " malformed (published without a message id)";
     if (r.retries != 0) line += ", " + with_commas(r.retries) + " publishes retried";
     if (r.skipped != 0) line += ", " + with_commas(r.skipped) + " corrupt records skipped";
     if (r.stream_created) line += "; stream created";
@@ -84,8 +88,9 @@ void print_summary(const arguments& a, const jetstream::publish_options& o, cons
     // The options that only shape a new stream: say so when the existing one differs.
     if (!r.stream_created) {
         if (o.duplicates_window && *o.duplicates_window != r.duplicates_window) {
-            std::fprintf(stderr, "publish: stream '%s' exists with a %s Duplicates window; --duplicates-window %s not applied\n",
-                         o.stream.c_str(), format_duration(r.duplicates_window).c_str(), a.get("duplicates-window")->c_str());
+            std::fprintf(
+                stderr, "publish: stream '%s' exists with a %s Duplicates window; --duplicates-window %s not applied\n",
+                o.stream.c_str(), format_duration(r.duplicates_window).c_str(), a.get("duplicates-window")->c_str());
         }
         if (a.get("replicas") && o.replicas != r.replicas) {
             std::fprintf(stderr, "publish: stream '%s' exists with %d replicas; --replicas %d not applied\n",
@@ -113,10 +118,11 @@ command publish_command() {
         "publish",
         "publish event logs to a NATS JetStream stream, one message per record (its text unchanged), creating the "
         "stream if it is missing. Nats-Msg-Id is the envelope's msgid, else its encoded source and id: the stream's "
-        "Duplicates window (default 2m) is the publisher-side dedup, so a republish under the same id within the window "
-        "stores nothing; outside it, or under a new id, the stream stores it again and the consumer's inbox and effect "
-        "keys catch it. Malformed records are published without an id (the consumer dead-letters them)",
-        {{"nats", "URL[,URL...]", "the NATS servers (nats://host:port), several of a cluster separated by commas", true},
+        "Duplicates window (default 2m) is the publisher-side dedup, so a republish under the same id within the "
+        "window stores nothing; outside it, or under a new id, the stream stores it again and the consumer's inbox "
+        "and effect keys catch it. Malformed records are published without an id (the consumer dead-letters them)",
+        {{"nats", "URL[,URL...]", "the NATS servers (nats://host:port), several of a cluster separated by commas",
+          true},
          {"stream", "S", "the stream (created with file storage if it does not exist; an existing one is not changed)",
           true},
          {"subject", "SUBJ",

@@ -58,37 +58,38 @@ enum class msg_id_policy {
 
 /// What to publish, where.
 struct publish_options {
-    std::vector<std::string> servers;       ///< nats://host:port, one or more of a cluster (an entry may list several, comma-separated)
-    std::string stream;                     ///< the stream (created if missing)
-    std::string subject;                    ///< the subject it captures, maybe with wildcards (see above)
+    /// nats://host:port, one or more of a cluster; an entry may hold several, comma-separated.
+    std::vector<std::string> servers;
+    std::string stream;                       ///< the stream (created if missing)
+    std::string subject;                      ///< the subject it captures, maybe with wildcards (see above)
     std::vector<std::filesystem::path> logs;  ///< read in order, records in file order
-    std::optional<log_format> format{};     ///< the logs' format; unset: detected from each file
-    bool skip_bad = false;                  ///< binary logs: skip and count corrupt records
+    std::optional<log_format> format{};       ///< the logs' format; unset: detected from each file
+    bool skip_bad = false;                    ///< binary logs: skip and count corrupt records
     msg_id_policy msg_id = msg_id_policy::envelope;
-    int replicas = 1;                                          ///< a new stream's replicas
-    std::optional<std::chrono::nanoseconds> duplicates_window{};  ///< a new stream's window; unset: server default (2 min)
-    std::size_t max_pending = 1024;                ///< publishes awaiting their ack at most
-    std::chrono::milliseconds ack_timeout{5000};   ///< an ack not received within is a failed publish (retried)
-    std::chrono::milliseconds retry_for{60000};    ///< how long a failing message is retried before giving up
+    int replicas = 1;                                             ///< a new stream's replicas
+    std::optional<std::chrono::nanoseconds> duplicates_window{};  ///< a new stream's window; unset: the server's 2 min
+    std::size_t max_pending = 1024;                               ///< publishes awaiting their ack at most
+    std::chrono::milliseconds ack_timeout{5000};  ///< an ack not received within is a failed publish (retried)
+    std::chrono::milliseconds retry_for{60000};   ///< how long a failing message is retried before giving up
 };
 
 /// What a publish did.
 struct publish_result {
-    std::uint64_t records = 0;     ///< records read from the logs
-    std::uint64_t published = 0;   ///< messages acknowledged by the stream (stored + duplicates)
-    std::uint64_t stored = 0;      ///< of them, stored as new messages
-    std::uint64_t duplicates = 0;  ///< of them, dropped by the stream's Duplicates window (stored nothing)
-    std::uint64_t malformed = 0;   ///< records that are not valid envelopes (published without a message id)
-    std::uint64_t too_large = 0;   ///< records over the server's max payload: not published (see too_large_records)
-    std::uint64_t retries = 0;     ///< publishes sent again after a failure or a missing ack
-    std::uint64_t skipped = 0;     ///< corrupt binary records skipped (skip_bad)
+    std::uint64_t records = 0;         ///< records read from the logs
+    std::uint64_t published = 0;       ///< messages acknowledged by the stream (stored + duplicates)
+    std::uint64_t stored = 0;          ///< of them, stored as new messages
+    std::uint64_t duplicates = 0;      ///< of them, dropped by the stream's Duplicates window (stored nothing)
+    std::uint64_t malformed = 0;       ///< records that are not valid envelopes (published without a message id)
+    std::uint64_t too_large = 0;       ///< records over the server's max payload: not published (see too_large_records)
+    std::uint64_t retries = 0;         ///< publishes sent again after a failure or a missing ack
+    std::uint64_t skipped = 0;         ///< corrupt binary records skipped (skip_bad)
     std::uint64_t first_sequence = 0;  ///< the lowest stream sequence stored by this run (0: none stored)
     std::uint64_t last_sequence = 0;   ///< the highest stream sequence stored by this run (0: none stored)
     bool stream_created = false;       ///< the stream did not exist and was created
-    std::vector<std::string> stream_subjects;  ///< the stream's subjects
+    std::vector<std::string> stream_subjects;       ///< the stream's subjects
     std::chrono::nanoseconds duplicates_window{0};  ///< the stream's Duplicates window
-    int replicas = 0;                                ///< the stream's replicas
-    std::vector<std::string> too_large_records;  ///< "FILE:LINE (N bytes)" of each record not published
+    int replicas = 0;                               ///< the stream's replicas
+    std::vector<std::string> too_large_records;     ///< "FILE:LINE (N bytes)" of each record not published
     std::vector<std::string> torn_tails;  ///< "FILE: incomplete last record at offset N (detail)", not published
     std::chrono::nanoseconds elapsed{0};
 };
