@@ -231,6 +231,15 @@ class refusal_test(publish_case):
         self.assertEqual((r["stream_created"], r["duplicates_window"]), (True, "10s"))
         self.assertEqual(self.ns.stream_info("N")["duplicate_window"], 10 * 10**9)
 
+    def test_a_stream_the_server_cannot_create_is_an_error_naming_it(self):
+        with open(self.path("a.jsonl"), "w") as f:
+            f.write("{}\n")
+        _, p = self.publish("a.jsonl", "R3", "r3", "--replicas", "3", check=False)  # one server, no cluster
+        self.assertEqual(p.returncode, 2)
+        self.assertIn(f"cannot create stream 'R3' capturing 'r3' at '{self.ns.url}'", p.stderr)
+        self.assertIn("JetStream error", p.stderr)
+        self.assertIsNone(self.ns.stream_info("R3"))
+
     def test_bad_subjects_and_options_are_usage_or_input_errors(self):
         with open(self.path("a.jsonl"), "w") as f:
             f.write("{}\n")

@@ -25,18 +25,24 @@
 // has one, else "<byte length of source>:<source><id>", the CloudEvents identity (source + id:
 // two sources may use the same id, so the id alone would make the stream drop the second as a
 // duplicate). Bytes outside 0x21-0x7E (spaces, controls, non-ASCII) and `%` are percent-encoded
-// (%XX), so the header is printable and decodes back unambiguously. A record that is not a valid envelope
-// is published unchanged without a message id (the consumer dead-letters it) and counted as
-// malformed. msg_id_policy::none sends no header: every record is stored, duplicates included.
+// (%XX), so the header is printable and decodes back unambiguously. A record that is not a valid
+// envelope is published unchanged without a message id (the consumer dead-letters it) and
+// counted as malformed; having no id, it is stored again when the log is published again.
+// msg_id_policy::none sends no header: every record is stored, duplicates included. A record
+// larger than the server's max payload cannot be carried: it is not published, but counted
+// (too_large) and named (too_large_records), as torn log tails are.
 //
 // Publisher-side dedup is the stream's Duplicates window (default 2 min): a republish under the
 // same Nats-Msg-Id within the window stores nothing (the ack says duplicate, counted in
 // `duplicates`); after the window, or under a new id, the stream stores it again and idem's inbox
-// and effect keys catch it at the consumer. Publishes are asynchronous with at most max_pending
-// acks outstanding. A publish that fails or whose ack does not come within ack_timeout (a broker
-// restart, a cluster failover) is sent again under the same message id, so a retry of a publish
-// that was in fact stored is dropped by the window; one that still fails after retry_for is an
-// error naming the log and line. Needs the meson feature `jetstream` (cnats).
+// and effect keys catch it at the consumer.
+//
+// Publishes are asynchronous, with at most max_pending acks outstanding. A publish that fails in
+// transit or whose ack does not come within ack_timeout (a broker restart, a cluster failover) is
+// sent again under the same message id, so the retry of a publish that was in fact stored is
+// dropped by the window; one still failing after retry_for, or refused by the stream itself (a
+// JetStream error code), is an error naming the log and line. Needs the meson feature `jetstream`
+// (cnats).
 
 #include <idem/storage/event_log.hpp>
 
