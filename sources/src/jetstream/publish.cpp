@@ -287,19 +287,18 @@ public:
 
 private:
     void send_record(const log_record& rec, std::size_t log) {
-        envelope ev;
         parse_error err;
-        const bool valid = parser_.parse(rec.body, ev, err);
-        if (!valid) ++r_.malformed;  // published all the same: the consumer dead-letters it, with its reason
+        const bool valid = parser_.parse(rec.body, ev_, err);
         const std::string id =
-            (valid && o_.msg_id == msg_id_policy::envelope) ? detail::publish_msg_id(ev) : std::string{};
+            (valid && o_.msg_id == msg_id_policy::envelope) ? detail::publish_msg_id(ev_) : std::string{};
         // The header costs "NATS/1.0\r\nNats-Msg-Id: <id>\r\n\r\n" on top of the body.
         const auto size = static_cast<std::int64_t>(rec.body.size() + (id.empty() ? 0 : id.size() + 30));
         if (size > max_payload_) {
             too_large(log, rec.line, rec.body.size());
             return;
         }
-        const auto subject = subject_.for_event(valid ? std::string_view(ev.subject) : std::string_view{});
+        if (!valid) ++r_.malformed;  // published all the same: the consumer dead-letters it, with its reason
+        const auto subject = subject_.for_event(valid ? std::string_view(ev_.subject) : std::string_view{});
         natsMsg* raw = nullptr;
         check_nats(natsMsg_Create(&raw, subject.c_str(), nullptr, rec.body.data(), static_cast<int>(rec.body.size())),
                    "message for " + where(log, rec.line));
@@ -407,6 +406,7 @@ private:
     std::unique_ptr<publish_context> js_;
     std::int64_t max_payload_ = 0;
     envelope_parser parser_;
+    envelope ev_;  // reused: its strings keep their capacity from record to record
 };
 
 }  // namespace
