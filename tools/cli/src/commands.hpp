@@ -52,6 +52,10 @@ command why_command(context_fn t);
 command convert_command();
 /// `parked`, `release`, `redrive` and `audit` (operator_commands.cpp).
 std::vector<command> operator_commands(context_fn t);
+#ifdef IDEM_JETSTREAM
+/// `publish` (publish.cpp): logs into a JetStream stream.
+command publish_command();
+#endif
 
 /// Writes json to standard output.
 void print(std::string_view json);

@@ -80,6 +80,9 @@ struct tool::impl {
         commands.push_back(detail::why_command(t));
         commands.push_back(detail::convert_command());
         add(detail::operator_commands(t));
+#ifdef IDEM_JETSTREAM
+        commands.push_back(detail::publish_command());
+#endif
     }
 
     int usage(std::FILE* to) const;

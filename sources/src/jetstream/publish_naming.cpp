@@ -1,0 +1,105 @@
+#include "publish_naming.hpp"
+
+#include <idem/storage/error.hpp>
+
+#include <vector>
+
+namespace idem::jetstream::detail {
+
+namespace {
+
+// Percent-encodes the bytes outside 0x21-0x7E and those in `also`: '%' is always among them,
+// so the encoding is reversible and two different inputs never give the same text.
+std::string percent_encode(std::string_view s, std::string_view also) {
+    static constexpr char hex[] = "0123456789ABCDEF";
+    std::string out;
+    out.reserve(s.size());
+    for (char c : s) {
+        auto b = static_cast<unsigned char>(c);
+        if (b < 0x21 || b > 0x7E || c == '%' || also.find(c) != std::string_view::npos) {
+            out += '%';
+            out += hex[b >> 4];
+            out += hex[b & 0xF];
+        } else {
+            out += c;
+        }
+    }
+    return out;
+}
+
+std::vector<std::string_view> tokens(std::string_view subject) {
+    std::vector<std::string_view> out;
+    std::size_t start = 0;
+    for (;;) {
+        auto dot = subject.find('.', start);
+        if (dot == std::string_view::npos) {
+            out.push_back(subject.substr(start));
+            return out;
+        }
+        out.push_back(subject.substr(start, dot - start));
+        start = dot + 1;
+    }
+}
+
+}  // namespace
+
+std::string publish_msg_id(const envelope& e) {
+    if (!e.msgid.empty()) return percent_encode(e.msgid, "");
+    // The length prefix makes the split between source and id unambiguous ("a" + "bc" and
+    // "ab" + "c" differ), without reserving a separator character in either.
+    return percent_encode(std::to_string(e.source.size()) + ":" + e.source + e.id, "%");
+}
+
+std::string subject_token(std::string_view s) {
+    if (s.empty()) return "events";
+    return percent_encode(s, ".*>%");
+}
+
+publish_subject::publish_subject(std::string pattern) : pattern_(std::move(pattern)) {
+    auto refuse = [&](const std::string& why) {
+        throw_error(errc::invalid_argument, "subject '" + pattern_ + "' " + why);
+    };
+    if (pattern_.empty()) refuse("is empty");
+    auto ts = tokens(pattern_);
+    for (std::size_t i = 0; i < ts.size(); ++i) {
+        auto t = ts[i];
+        if (t.empty()) refuse("has an empty token (a leading, trailing or double dot)");
+        for (char c : t) {
+            if (static_cast<unsigned char>(c) <= 0x20 || c == 0x7F)
+                refuse("contains whitespace or a control character");
+        }
+        if (t.size() > 1 && (t.find('*') != std::string_view::npos || t.find('>') != std::string_view::npos)) {
+            refuse("has '*' or '>' inside a token (a wildcard is a whole token)");
+        }
+        if (t == ">" && i + 1 != ts.size()) refuse("has '>' before its last token");
+        if (t == "*" || t == ">") wildcard_ = true;
+    }
+}
+
+std::string publish_subject::for_event(std::string_view event_subject) const {
+    if (!wildcard_) return pattern_;
+    const auto token = subject_token(event_subject);
+    std::string out;
+    for (auto t : tokens(pattern_)) {
+        if (!out.empty()) out += '.';
+        out += (t == "*" || t == ">") ? std::string_view(token) : t;
+    }
+    return out;
+}
+
+bool captures(std::string_view filter, std::string_view subject) {
+    auto f = tokens(filter);
+    auto s = tokens(subject);
+    for (std::size_t i = 0; i < f.size(); ++i) {
+        if (f[i] == ">") return s.size() > i;  // '>' takes one token or more, wildcards included
+        if (i >= s.size()) return false;
+        if (f[i] == "*") {
+            if (s[i] == ">") return false;  // '>' spans tokens a '*' cannot
+            continue;
+        }
+        if (f[i] != s[i]) return false;  // a literal captures only itself, not a wildcard
+    }
+    return f.size() == s.size();
+}
+
+}  // namespace idem::jetstream::detail

@@ -1,0 +1,47 @@
+#pragma once
+
+// How `idem publish` names what it sends: the Nats-Msg-Id of an event, the concrete subject of a
+// message under a wildcard stream subject, and whether a stream's subject captures another. The
+// rules are documented in <idem/sources/jetstream_publish.hpp>; kept apart so they read (and are
+// tested) without a broker.
+
+#include <idem/storage/envelope.hpp>
+
+#include <string>
+#include <string_view>
+
+namespace idem::jetstream::detail {
+
+/// Returns the Nats-Msg-Id of an event: its msgid, else "<byte length of source>:<source><id>",
+/// with bytes outside 0x21-0x7E and '%' percent-encoded.
+std::string publish_msg_id(const envelope& e);
+
+/// Returns s as one NATS subject token: "events" if empty, else s with bytes outside 0x21-0x7E
+/// and '.', '*', '>', '%' percent-encoded.
+std::string subject_token(std::string_view s);
+
+/// A stream subject to publish under: literal, or with wildcards a message fills in.
+class publish_subject {
+public:
+    /// Checks pattern (non-empty tokens, `*` and `>` only as whole tokens, `>` only last, no
+    /// whitespace); throws errc::invalid_argument naming it and the cause.
+    explicit publish_subject(std::string pattern);
+
+    /// Returns the subject as given.
+    const std::string& pattern() const noexcept { return pattern_; }
+    /// Returns whether it has wildcards (messages then need a concrete subject).
+    bool wildcard() const noexcept { return wildcard_; }
+    /// Returns the concrete subject of a message whose envelope subject is event_subject ("" if
+    /// none or not an envelope): each wildcard token replaced by subject_token(event_subject).
+    std::string for_event(std::string_view event_subject) const;
+
+private:
+    std::string pattern_;
+    bool wildcard_ = false;
+};
+
+/// Returns whether every subject matching `subject` (maybe a wildcard) also matches `filter`
+/// (a stream's subject): "orders.>" captures "orders.>", "orders.*" and "orders.o-1".
+bool captures(std::string_view filter, std::string_view subject);
+
+}  // namespace idem::jetstream::detail
