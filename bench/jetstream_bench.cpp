@@ -185,6 +185,10 @@ public:
         if (acks != nullptr) {
             // Bounded: a publisher that outruns the server stalls instead of queueing the workload.
             jo.PublishAsync.MaxPending = 8192;
+            // cnats gives up on a full window after StallWait (200 ms by default) and drops the
+            // message; a server writing back a large store pauses longer than that on a busy
+            // machine, so wait as long as a publish may take instead.
+            jo.PublishAsync.StallWait = 60'000;
             jo.PublishAsync.AckHandler = on_publish_ack;
             jo.PublishAsync.AckHandlerClosure = acks;
         }
