@@ -115,7 +115,8 @@ bench_options parse_args(int argc, char** argv) {
             aggregates = parse_number<std::size_t>(arg, value);
         } else if (arg == "--only") {
             o.only = std::string(value);
-            if (o.only != "bare" && o.only != "textbook" && o.only != "idem") usage("--only takes bare, textbook or idem");
+            if (o.only != "bare" && o.only != "textbook" && o.only != "idem")
+                usage("--only takes bare, textbook or idem");
         } else if (arg == "--max-ack-pending") {
             o.max_ack_pending = parse_number<std::int64_t>(arg, value);
         } else if (arg == "--fetch-batch") {
@@ -149,7 +150,8 @@ double seconds_since(clock_type::time_point from) {
 void check_nats(natsStatus s, const std::string& what, jsErrCode js = static_cast<jsErrCode>(0)) {
     if (s == NATS_OK) return;
     std::string text = what + ": " + natsStatus_GetText(s);
-    if (const char* last = nats_GetLastError(nullptr); last != nullptr && *last != '\0') text += " (" + std::string(last) + ")";
+    if (const char* last = nats_GetLastError(nullptr); last != nullptr && *last != '\0')
+        text += " (" + std::string(last) + ")";
     if (js != 0) text += " [jetstream error " + std::to_string(static_cast<int>(js)) + "]";
     throw std::runtime_error(text);
 }
@@ -224,8 +226,8 @@ public:
         const std::string store = (dir / "store").string();
         const std::string ports = dir.string();
         const std::string log = (dir / "server.log").string();
-        std::vector<std::string> args{"nats-server", "-js", "-sd", store, "-a", "127.0.0.1", "-p", "-1",
-                                      "--ports_file_dir", ports, "-l", log};
+        std::vector<std::string> args{"nats-server",      "-js", "-sd", store, "-a", "127.0.0.1", "-p", "-1",
+                                      "--ports_file_dir", ports, "-l",  log};
         std::vector<char*> argv;
         for (auto& a : args) argv.push_back(a.data());
         argv.push_back(nullptr);
@@ -233,10 +235,13 @@ public:
         // reading them (tools/bench's pipeline, a CI log collector).
         posix_spawn_file_actions_t fa;
         posix_spawn_file_actions_init(&fa);
-        for (int fd = 0; fd < 3; ++fd) posix_spawn_file_actions_addopen(&fa, fd, "/dev/null", fd == 0 ? O_RDONLY : O_WRONLY, 0);
+        for (int fd = 0; fd < 3; ++fd)
+            posix_spawn_file_actions_addopen(&fa, fd, "/dev/null", fd == 0 ? O_RDONLY : O_WRONLY, 0);
         const int rc = posix_spawnp(&pid_, "nats-server", &fa, nullptr, argv.data(), environ);
         posix_spawn_file_actions_destroy(&fa);
-        if (rc != 0) throw std::runtime_error("cannot start nats-server (is it on the PATH?): " + std::string(std::strerror(rc)));
+        if (rc != 0)
+            throw std::runtime_error("cannot start nats-server (is it on the PATH?): " +
+                                     std::string(std::strerror(rc)));
         url_ = wait_for_ports_file(dir / ("nats-server_" + std::to_string(pid_) + ".ports"));
     }
     ~nats_server() {
@@ -350,6 +355,23 @@ published publish_workload(const std::string& url, const workload& w, std::uint6
 
 // --- the fetch loop the baselines share ------------------------------------------------
 
+// After a contender's last ack (sent on client's connection, or on one of its own that it has
+// flushed): the consumer's ack floor is the stream's last message and nothing is pending, as the
+// server sees it. Notes the figures in r; throws if they are not so.
+void check_consumer_done(const nats_client& client, const contender_context& c, contender_result& r) {
+    client.flush();
+    jsConsumerInfo* ci = nullptr;
+    jsErrCode jerr = static_cast<jsErrCode>(0);
+    check_nats(js_GetConsumerInfo(&ci, client.js(), c.stream.c_str(), c.consumer.c_str(), nullptr, &jerr),
+               "js_GetConsumerInfo", jerr);
+    const bool ok = ci->AckFloor.Stream == c.stream_messages && ci->NumAckPending == 0 && ci->NumPending == 0;
+    r.notes.push_back("consumer: ack floor " + std::to_string(ci->AckFloor.Stream) + " of " +
+                      std::to_string(c.stream_messages) + ", " + std::to_string(ci->NumAckPending) + " ack pending, " +
+                      std::to_string(ci->NumRedelivered) + " redelivered by the server");
+    jsConsumerInfo_Destroy(ci);
+    if (!ok) throw std::runtime_error(r.name + ": the consumer did not end with every message acked");
+}
+
 // A durable pull consumer of the contender's own: created here (DeliverAll, explicit ack),
 // then bound, so unsubscribing never deletes it (notes §1).
 class pull_consumer {
@@ -368,7 +390,8 @@ public:
         jsSubOptions_Init(&so);
         so.Stream = c.stream.c_str();
         so.Consumer = c.consumer.c_str();
-        check_nats(js_PullSubscribe(&sub_, client.js(), nullptr, nullptr, nullptr, &so, &jerr), "js_PullSubscribe", jerr);
+        check_nats(js_PullSubscribe(&sub_, client.js(), nullptr, nullptr, nullptr, &so, &jerr), "js_PullSubscribe",
+                   jerr);
     }
     ~pull_consumer() {
         natsSubscription_Unsubscribe(sub_);
@@ -389,24 +412,13 @@ public:
         }
         if (s != NATS_OK && s != NATS_TIMEOUT && s != NATS_NOT_FOUND) check_nats(s, "natsSubscription_Fetch", jerr);
         if (!idle_since_) idle_since_ = clock_type::now();
-        if (seconds_since(*idle_since_) > 10) throw std::runtime_error("no message for 10 s from consumer " + c_.consumer);
+        if (seconds_since(*idle_since_) > 10)
+            throw std::runtime_error("no message for 10 s from consumer " + c_.consumer);
         return false;
     }
 
     // After the last ack: every ack reached the server, and the server saw all of them.
-    void check_all_acked(contender_result& r) {
-        client_.flush();
-        jsConsumerInfo* ci = nullptr;
-        jsErrCode jerr = static_cast<jsErrCode>(0);
-        check_nats(js_GetConsumerInfo(&ci, client_.js(), c_.stream.c_str(), c_.consumer.c_str(), nullptr, &jerr),
-                   "js_GetConsumerInfo", jerr);
-        const bool ok = ci->AckFloor.Stream == c_.stream_messages && ci->NumAckPending == 0 && ci->NumPending == 0;
-        r.notes.push_back("consumer: ack floor " + std::to_string(ci->AckFloor.Stream) + " of " +
-                          std::to_string(c_.stream_messages) + ", " + std::to_string(ci->NumAckPending) +
-                          " ack pending, " + std::to_string(ci->NumRedelivered) + " redelivered by the server");
-        jsConsumerInfo_Destroy(ci);
-        if (!ok) throw std::runtime_error(r.name + ": the consumer did not end with every message acked");
-    }
+    void check_all_acked(contender_result& r) const { check_consumer_done(client_, c_, r); }
 
 private:
     const nats_client& client_;
@@ -476,7 +488,9 @@ void check_mdb(int rc, const char* what) {
     if (rc != 0) throw std::runtime_error(std::string(what) + ": " + mdb_strerror(rc));
 }
 
-MDB_val as_val(std::string_view s) { return MDB_val{s.size(), const_cast<char*>(s.data())}; }
+MDB_val as_val(std::string_view s) {
+    return MDB_val{s.size(), const_cast<char*>(s.data())};
+}
 
 void put_i64(unsigned char* out, std::int64_t v) {
     auto u = static_cast<std::uint64_t>(v);
@@ -675,7 +689,8 @@ contender_result run_textbook(const contender_context& c) {
         for (int i = 0; i < list.Count; ++i) {
             natsMsg* m = std::exchange(list.Msgs[i], nullptr);  // ours until acked
             auto d0 = clock_type::now();
-            decoder.decode(std::string_view(natsMsg_GetData(m), static_cast<std::size_t>(natsMsg_GetDataLength(m))), id, line);
+            decoder.decode(std::string_view(natsMsg_GetData(m), static_cast<std::size_t>(natsMsg_GetDataLength(m))), id,
+                           line);
             auto d1 = clock_type::now();
             if (store.apply(id, line.order_id, line.amount)) ++applied;
             p.decode += std::chrono::duration<double>(d1 - d0).count();
@@ -703,7 +718,9 @@ contender_result run_textbook(const contender_context& c) {
 
 // --- report ----------------------------------------------------------------------------
 
-double rate_of(const contender_result& r) { return static_cast<double>(r.messages) / r.seconds; }
+double rate_of(const contender_result& r) {
+    return static_cast<double>(r.messages) / r.seconds;
+}
 
 void print_detail(const contender_result& r) {
     std::fprintf(stderr, "%s: %s msgs in %s s = %s msgs/s; ack p50 %s ms, p99 %s ms\n", r.name.c_str(),
@@ -732,7 +749,8 @@ void print_phases(const std::vector<contender_result>& results) {
         std::printf("- %s (%s s):", r.name.c_str(), fixed(r.seconds, 2).c_str());
         const char* sep = " ";
         for (const auto& [phase, s] : r.phases) {
-            std::printf("%s%s %s s (%s%%)", sep, phase.c_str(), fixed(s, 2).c_str(), fixed(100 * s / r.seconds, 0).c_str());
+            std::printf("%s%s %s s (%s%%)", sep, phase.c_str(), fixed(s, 2).c_str(),
+                        fixed(100 * s / r.seconds, 0).c_str());
             sep = ", ";
         }
         std::printf("\n");
@@ -778,7 +796,8 @@ void print_targets(const std::vector<contender_result>& results) {
 bool check_state(const contender_result& r, const summary& expected) {
     if (!r.has_state) return true;
     if (r.state == expected) {
-        std::printf("%s: rows equal the reference of the distinct events (%s)\n", r.name.c_str(), describe(r.state).c_str());
+        std::printf("%s: rows equal the reference of the distinct events (%s)\n", r.name.c_str(),
+                    describe(r.state).c_str());
         return true;
     }
     std::printf("%s: rows DIFFER from the reference\n  expected: %s\n  got:      %s\n", r.name.c_str(),
@@ -786,7 +805,9 @@ bool check_state(const contender_result& r, const summary& expected) {
     return false;
 }
 
-bool wanted(const bench_options& o, std::string_view name) { return o.only.empty() || o.only == name; }
+bool wanted(const bench_options& o, std::string_view name) {
+    return o.only.empty() || o.only == name;
+}
 
 int run(const bench_options& o, const std::filesystem::path& base) {
     std::fprintf(stderr, "generating %s messages over %s aggregates (seed %llu)...\n", with_commas(o.messages).c_str(),
@@ -797,10 +818,13 @@ int run(const bench_options& o, const std::filesystem::path& base) {
     nats_server server{base / "nats"};
     std::fprintf(stderr, "nats-server at %s; publishing...\n", server.url().c_str());
     const auto pub = publish_workload(server.url(), w, o.seed);
-    std::fprintf(stderr, "published %s messages in %s s (%s msgs/s): %s republished under a new Nats-Msg-Id, %s same-id copies dropped by the stream\n",
-                 with_commas(pub.stored).c_str(), fixed(pub.seconds, 2).c_str(),
-                 with_commas(static_cast<std::uint64_t>(static_cast<double>(pub.stored + pub.dropped) / pub.seconds)).c_str(),
-                 with_commas(pub.republished).c_str(), with_commas(pub.dropped).c_str());
+    std::fprintf(
+        stderr,
+        "published %s messages in %s s (%s msgs/s): %s republished under a new Nats-Msg-Id, %s same-id copies dropped "
+        "by the stream\n",
+        with_commas(pub.stored).c_str(), fixed(pub.seconds, 2).c_str(),
+        with_commas(static_cast<std::uint64_t>(static_cast<double>(pub.stored + pub.dropped) / pub.seconds)).c_str(),
+        with_commas(pub.republished).c_str(), with_commas(pub.dropped).c_str());
 
     auto context = [&](const std::string& name) {
         return contender_context{.url = server.url(),
@@ -821,17 +845,26 @@ int run(const bench_options& o, const std::filesystem::path& base) {
     if (wanted(o, "bare")) measure("bare", run_bare);
     if (wanted(o, "textbook")) measure("textbook", run_textbook);
 #if IDEM_BENCH_JETSTREAM_SOURCE
-    if (wanted(o, "idem")) measure("idem", run_idem);
+    if (wanted(o, "idem")) {
+        measure("idem", run_idem);
+        // The source flushed its acks before run() returned; the server must agree.
+        nats_client client{server.url()};
+        check_consumer_done(client, context("idem"), results.back());
+        for (const auto& n : results.back().notes) {
+            if (n.starts_with("consumer:")) std::fprintf(stderr, "  %s\n", n.c_str());
+        }
+    }
 #else
     if (o.only == "idem") std::fprintf(stderr, "idem: pending, the JetStream source is not built yet\n");
 #endif
 
-    std::printf("jetstream_bench: %s messages in a file-backed stream (%s distinct events + %s republished under "
-                "a new Nats-Msg-Id; %s same-id copies dropped at publish) over %s aggregates; MaxAckPending %lld, "
-                "fetch batch %d, AckWait 30 s; one run each, seed %llu\n\n",
-                with_commas(pub.stored).c_str(), with_commas(w.distinct).c_str(), with_commas(pub.republished).c_str(),
-                with_commas(pub.dropped).c_str(), with_commas(o.aggregates).c_str(),
-                static_cast<long long>(o.max_ack_pending), o.fetch_batch, static_cast<unsigned long long>(o.seed));
+    std::printf(
+        "jetstream_bench: %s messages in a file-backed stream (%s distinct events + %s republished under "
+        "a new Nats-Msg-Id; %s same-id copies dropped at publish) over %s aggregates; MaxAckPending %lld, "
+        "fetch batch %d, AckWait 30 s; one run each, seed %llu\n\n",
+        with_commas(pub.stored).c_str(), with_commas(w.distinct).c_str(), with_commas(pub.republished).c_str(),
+        with_commas(pub.dropped).c_str(), with_commas(o.aggregates).c_str(), static_cast<long long>(o.max_ack_pending),
+        o.fetch_batch, static_cast<unsigned long long>(o.seed));
     print_table(results);
     std::printf(
         "\nack: from the fetch returning the message to natsMsg_Ack (textbook: after the synced commit covering "
@@ -873,7 +906,8 @@ int main(int argc, char** argv) {
     const auto o = parse_args(argc, argv);
     const bool own_dir = o.dir.empty();
     const auto base =
-        own_dir ? std::filesystem::temp_directory_path() / ("idem-jetstream-bench-" + std::to_string(::getpid())) : o.dir;
+        own_dir ? std::filesystem::temp_directory_path() / ("idem-jetstream-bench-" + std::to_string(::getpid()))
+                : o.dir;
     int rc = 1;
     try {
         std::filesystem::create_directories(base);

@@ -95,8 +95,8 @@ contender_result run_idem(const contender_context& c) {
         r.notes.push_back(std::to_string(result.fetched) + " fetched, " + std::to_string(result.redelivered) +
                           " redelivered by the server, " + std::to_string(result.nakked) + " nak'd; " +
                           outcome_counts(result));
-        r.notes.push_back(std::to_string(stats.batches) + " batches (p50 " + fixed(stats.batch_size.p50, 0) +
-                          ", p99 " + fixed(stats.batch_size.p99, 0) + " deliveries), commit p50 " +
+        r.notes.push_back(std::to_string(stats.batches) + " batches (p50 " + fixed(stats.batch_size.p50, 0) + ", p99 " +
+                          fixed(stats.batch_size.p99, 0) + " deliveries), commit p50 " +
                           fixed(stats.commit_seconds.p50 * 1e3, 2) + " ms, p99 " +
                           fixed(stats.commit_seconds.p99 * 1e3, 2) + " ms; checkpoint " +
                           std::to_string(result.last_sequence) + " of " + std::to_string(c.stream_messages));
