@@ -12,7 +12,7 @@
 //             jetstream_source_ready is true)
 //
 //   jetstream_bench [--messages N] [--aggregates A] [--quick] [--only bare|textbook|idem]
-//                   [--max-ack-pending P] [--fetch-batch B] [--seed S] [--dir D]
+//                   [--max-ack-pending P] [--fetch-batch B] [--runs R] [--seed S] [--dir D]
 //
 // The bench starts its own nats-server (random port, store in its temporary directory) and
 // publishes the workload once: bench/workload.hpp's order lines, 10% of them copies of earlier
@@ -61,12 +61,14 @@ extern char** environ;
     std::fprintf(stderr,
                  "jetstream_bench: %s\n"
                  "usage: jetstream_bench [--messages N] [--aggregates A] [--quick] [--only bare|textbook|idem]\n"
-                 "                       [--max-ack-pending P] [--fetch-batch B] [--seed S] [--dir D]\n"
+                 "                       [--max-ack-pending P] [--fetch-batch B] [--runs R] [--seed S] [--dir D]\n"
                  "  --messages N         messages in the stream (default 1,000,000; --quick 50,000)\n"
                  "  --aggregates A       orders (default 100,000; --quick 5,000)\n"
                  "  --only NAME          run one contender\n"
                  "  --max-ack-pending P  each consumer's MaxAckPending (default 4096)\n"
                  "  --fetch-batch B      messages per fetch at most (default 500)\n"
+                 "  --runs R             run the contenders R times, interleaved; the table shows each one's\n"
+                 "                       median run (default 1)\n"
                  "  --dir D              where the server's store and the contenders' stores go\n"
                  "                       (default: a temporary directory, removed at the end)\n"
                  "Needs nats-server on the PATH.\n",
@@ -92,6 +94,7 @@ struct bench_options {
     std::int64_t max_ack_pending = 4096;
     int fetch_batch = 500;
     std::uint64_t seed = 42;
+    std::size_t runs = 1;
     std::filesystem::path dir{};
 };
 
@@ -121,6 +124,9 @@ bench_options parse_args(int argc, char** argv) {
             o.max_ack_pending = parse_number<std::int64_t>(arg, value);
         } else if (arg == "--fetch-batch") {
             o.fetch_batch = parse_number<int>(arg, value);
+        } else if (arg == "--runs") {
+            o.runs = parse_number<std::size_t>(arg, value);
+            if (o.runs == 0) usage("--runs must be positive");
         } else if (arg == "--seed") {
             o.seed = parse_number<std::uint64_t>(arg, value);
         } else if (arg == "--dir") {
@@ -792,17 +798,36 @@ void print_targets(const std::vector<contender_result>& results) {
     }
 }
 
-// The rows a contender ended with against the reference; false if they differ.
-bool check_state(const contender_result& r, const summary& expected) {
-    if (!r.has_state) return true;
-    if (r.state == expected) {
-        std::printf("%s: rows equal the reference of the distinct events (%s)\n", r.name.c_str(),
-                    describe(r.state).c_str());
-        return true;
+// The run with the median msgs/s (the lower of the middle two for an even count), whole: its
+// latencies and phases belong to the same run as its rate.
+contender_result median_run(std::vector<contender_result> of) {
+    std::sort(of.begin(), of.end(), [](const auto& a, const auto& b) { return rate_of(a) < rate_of(b); });
+    auto r = of[(of.size() - 1) / 2];
+    if (of.size() > 1) {
+        std::string all;
+        for (const auto& x : of) all += (all.empty() ? "" : ", ") + with_commas(static_cast<std::uint64_t>(rate_of(x)));
+        r.notes.push_back("msgs/s of the runs: " + all);
     }
-    std::printf("%s: rows DIFFER from the reference\n  expected: %s\n  got:      %s\n", r.name.c_str(),
-                describe(expected).c_str(), describe(r.state).c_str());
-    return false;
+    return r;
+}
+
+// The rows a contender ended with in each run against the reference; false if any differ.
+bool check_state(const std::vector<contender_result>& of, const summary& expected) {
+    if (of.empty() || !of.front().has_state) return true;
+    const auto& name = of.front().name;
+    const std::string runs = of.size() == 1 ? "" : " in all " + std::to_string(of.size()) + " runs";
+    bool ok = true;
+    for (std::size_t k = 0; k < of.size(); ++k) {
+        if (of[k].state == expected) continue;
+        std::printf("%s, run %zu: rows DIFFER from the reference\n  expected: %s\n  got:      %s\n", name.c_str(),
+                    k + 1, describe(expected).c_str(), describe(of[k].state).c_str());
+        ok = false;
+    }
+    if (ok) {
+        std::printf("%s: rows equal the reference of the distinct events%s (%s)\n", name.c_str(), runs.c_str(),
+                    describe(expected).c_str());
+    }
+    return ok;
 }
 
 bool wanted(const bench_options& o, std::string_view name) {
@@ -835,36 +860,49 @@ int run(const bench_options& o, const std::filesystem::path& base) {
                                  .fetch_batch = o.fetch_batch,
                                  .dir = base / name};
     };
-    std::vector<contender_result> results;
-    auto measure = [&](const char* name, contender_result (*fn)(const contender_context&)) {
-        std::fprintf(stderr, "running %s...\n", name);
-        ::sync();  // the previous contender's writeback must not land in this one's run
-        results.push_back(fn(context(name)));
-        print_detail(results.back());
+    struct contender {
+        std::string name;
+        contender_result (*run)(const contender_context&);
     };
-    if (wanted(o, "bare")) measure("bare", run_bare);
-    if (wanted(o, "textbook")) measure("textbook", run_textbook);
+    std::vector<contender> chosen;
+    if (wanted(o, "bare")) chosen.push_back({"bare", run_bare});
+    if (wanted(o, "textbook")) chosen.push_back({"textbook", run_textbook});
 #if IDEM_BENCH_JETSTREAM_SOURCE
-    if (wanted(o, "idem")) {
-        measure("idem", run_idem);
-        // The source flushed its acks before run() returned; the server must agree.
-        nats_client client{server.url()};
-        check_consumer_done(client, context("idem"), results.back());
-        for (const auto& n : results.back().notes) {
-            if (n.starts_with("consumer:")) std::fprintf(stderr, "  %s\n", n.c_str());
-        }
-    }
+    if (wanted(o, "idem")) chosen.push_back({"idem", run_idem});
 #else
     if (o.only == "idem") std::fprintf(stderr, "idem: pending, the JetStream source is not built yet\n");
 #endif
+    // Runs interleave the contenders (bare, textbook, idem, bare, ...), so a slow spell of a
+    // shared machine hits them alike; each run has a consumer and a store of its own.
+    std::vector<std::vector<contender_result>> runs(chosen.size());
+    for (std::size_t run = 0; run < o.runs; ++run) {
+        for (std::size_t i = 0; i < chosen.size(); ++i) {
+            const auto name = chosen[i].name + (o.runs > 1 ? "-" + std::to_string(run + 1) : "");
+            std::fprintf(stderr, "running %s...\n", name.c_str());
+            ::sync();  // the previous contender's writeback must not land in this one's run
+            const auto c = context(name);
+            auto r = chosen[i].run(c);
+            if (chosen[i].name == "idem") {
+                // The source flushed its acks before run() returned; the server must agree.
+                nats_client client{server.url()};
+                check_consumer_done(client, c, r);
+            }
+            print_detail(r);
+            runs[i].push_back(std::move(r));
+        }
+    }
+    std::vector<contender_result> results;
+    for (auto& of : runs) results.push_back(median_run(of));
 
     std::printf(
         "jetstream_bench: %s messages in a file-backed stream (%s distinct events + %s republished under "
         "a new Nats-Msg-Id; %s same-id copies dropped at publish) over %s aggregates; MaxAckPending %lld, "
-        "fetch batch %d, AckWait 30 s; one run each, seed %llu\n\n",
+        "fetch batch %d, AckWait 30 s; %s, seed %llu\n\n",
         with_commas(pub.stored).c_str(), with_commas(w.distinct).c_str(), with_commas(pub.republished).c_str(),
         with_commas(pub.dropped).c_str(), with_commas(o.aggregates).c_str(), static_cast<long long>(o.max_ack_pending),
-        o.fetch_batch, static_cast<unsigned long long>(o.seed));
+        o.fetch_batch,
+        o.runs == 1 ? "one run each" : ("each row the run with the median msgs/s of " + std::to_string(o.runs)).c_str(),
+        static_cast<unsigned long long>(o.seed));
     print_table(results);
     std::printf(
         "\nack: from the fetch returning the message to natsMsg_Ack (textbook: after the synced commit covering "
@@ -872,12 +910,15 @@ int run(const bench_options& o, const std::filesystem::path& base) {
         "(this process only: the server's writes are not counted)\n");
     for (const auto& r : results) {
         if (!r.ack_note.empty()) std::printf("%s ack: %s\n", r.name.c_str(), r.ack_note.c_str());
+        for (const auto& n : r.notes) {
+            if (n.starts_with("msgs/s of the runs")) std::printf("%s %s\n", r.name.c_str(), n.c_str());
+        }
     }
     print_phases(results);
     print_targets(results);
     std::printf("\n");
     bool ok = true;
-    for (const auto& r : results) ok = check_state(r, expected) && ok;
+    for (const auto& of : runs) ok = check_state(of, expected) && ok;
     return ok ? 0 : 1;
 }
 
