@@ -2,6 +2,8 @@
 
 #include <idem/storage/error.hpp>
 
+#include <thread>
+
 namespace idem::jetstream::detail {
 
 namespace {
@@ -89,6 +91,12 @@ connection::~connection() {
     if (js_ != nullptr) jsCtx_Destroy(js_);
     if (nc_ != nullptr) {
         natsConnection_Close(nc_);
+        // cnats runs the closed callback later, on its own thread, and it writes into events_:
+        // wait for it before events_ goes.
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+        while (!events_->closed.load() && std::chrono::steady_clock::now() < deadline) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
         natsConnection_Destroy(nc_);
     }
     if (opts_ != nullptr) natsOptions_Destroy(opts_);

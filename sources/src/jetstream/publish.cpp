@@ -191,32 +191,6 @@ void set_up_stream(const detail::connection& c, const publish_options& o, const 
     }
 }
 
-// detail::connection's destructor frees its event counters right after natsConnection_Close,
-// while cnats' callback thread may still be running the closed callback that writes to them
-// (valgrind: an invalid write in on_closed; heap corruption in about one run of thirty). Closing
-// first and waiting for that callback makes the destructor's own close a no-op. A local stand-in
-// until connection.cpp waits itself (it is shared with the source and not this unit's to change).
-class closing_connection {
-public:
-    closing_connection(const std::vector<std::string>& servers, const std::string& name,
-                       std::chrono::milliseconds request_timeout)
-        : c_(servers, name, request_timeout) {}
-    ~closing_connection() {
-        natsConnection_Close(c_.nc());
-        const auto deadline = clock::now() + std::chrono::seconds(5);
-        while (!c_.events().closed.load() && clock::now() < deadline) {
-            std::this_thread::sleep_for(std::chrono::milliseconds(1));
-        }
-    }
-    closing_connection(const closing_connection&) = delete;
-    closing_connection& operator=(const closing_connection&) = delete;
-
-    const detail::connection& get() const noexcept { return c_; }
-
-private:
-    detail::connection c_;
-};
-
 std::vector<std::string> server_list(const std::vector<std::string>& given) {
     std::vector<std::string> out;
     for (const auto& g : given) {
@@ -230,9 +204,9 @@ class publisher {
 public:
     publisher(const publish_options& o, publish_result& r)
         : o_(o), r_(r), subject_(o.subject), conn_(server_list(o.servers), "idem publish", o.ack_timeout) {
-        set_up_stream(conn_.get(), o_, subject_, r_);
-        js_ = std::make_unique<publish_context>(conn_.get(), o_, st_);
-        max_payload_ = natsConnection_GetMaxPayload(conn_.get().nc());
+        set_up_stream(conn_, o_, subject_, r_);
+        js_ = std::make_unique<publish_context>(conn_, o_, st_);
+        max_payload_ = natsConnection_GetMaxPayload(conn_.nc());
     }
 
     publisher(const publisher&) = delete;
@@ -379,7 +353,7 @@ private:
 
     [[noreturn]] void give_up(const failure& f, clock::duration failing) {
         std::string text = "publishing " + where(f.from.log, f.from.line) + " to '" + natsMsg_GetSubject(f.msg.get()) +
-                           "' at '" + conn_.get().servers() + "' failed: " + natsStatus_GetText(f.status);
+                           "' at '" + conn_.servers() + "' failed: " + natsStatus_GetText(f.status);
         if (!f.text.empty() && f.text != natsStatus_GetText(f.status)) text += " (" + f.text + ")";
         if (f.js_error != 0) text += " [JetStream error " + std::to_string(f.js_error) + "]";
         if (f.from.attempts > 0) {
@@ -402,7 +376,7 @@ private:
     publish_result& r_;
     detail::publish_subject subject_;
     ack_state st_;  // declared before the connection and the context: cnats' thread never sees it gone
-    closing_connection conn_;
+    detail::connection conn_;
     std::unique_ptr<publish_context> js_;
     std::int64_t max_payload_ = 0;
     envelope_parser parser_;
