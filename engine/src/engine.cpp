@@ -363,7 +363,7 @@ void engine::impl::commit(std::vector<pending_apply>& batch) {
                                  [&](const checkpoint& c) { return c.source == p.at->source; });
         if (same == positions.end()) {
             positions.push_back(*p.at);
-        } else if (!p.at->keep_highest || p.at->position >= same->position) {
+        } else if (!p.at->keep_highest || p.at->detail != same->detail || p.at->position >= same->position) {
             *same = *p.at;
         }
     }

@@ -109,7 +109,11 @@ std::vector<outcome> batch_run::deliver_all(const std::vector<prepared_batch::it
         if (c.keep_highest) {
             auto stored = checkpoints_.contains(c.source) ? std::optional<std::string_view>(checkpoints_[c.source])
                                                           : txn_.get(s_.checkpoints, c.source);
-            if (stored && stored->size() >= 8 && codec::get_u64_le(*stored) >= c.position) continue;
+            // Positions compare within one incarnation of the source (the detail: a stream's creation).
+            if (stored && stored->size() >= 8 && stored->substr(8) == c.detail &&
+                codec::get_u64_le(*stored) >= c.position) {
+                continue;
+            }
         }
         checkpoints_[c.source] = layout::encode_checkpoint(c.position, c.detail);
     }

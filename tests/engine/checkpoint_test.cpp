@@ -52,11 +52,19 @@ TEST_CASE("a checkpoint that keeps the highest position never moves back") {
         apply_at(e, 3, 9, true);
         CHECK(e.read().checkpoint(consumer, "nats:S/C") == 9);
         CHECK(e.read().checkpoint_value(consumer, "nats:S/C")->substr(8) == "created=1");
+        // The stream created again: its positions start over and replace the old incarnation's.
+        auto d = deliver(line("ev-new", "o1", 1));
+        auto [ec, o] = e.async_apply(std::move(d), idem::checkpoint{"nats:S/C", 2, "created=2", true}, asio::use_future).get();
+        REQUIRE_FALSE(ec);
+        CHECK(o.kind == idem::outcome_kind::applied);
+        CHECK(e.read().checkpoint(consumer, "nats:S/C") == 2);
+        CHECK(e.read().checkpoint_value(consumer, "nats:S/C")->substr(8) == "created=2");
+        apply_at(e, 6, 1, true);  // "created=1": an older incarnation's position replaces it again (last wins)
 
         apply_at(e, 4, 100, false, "log:/a");
         apply_at(e, 5, 40, false, "log:/a");  // a log read again from its start
         CHECK(e.read().checkpoint(consumer, "log:/a") == 40);
-        CHECK(e.read().checkpoint(consumer, "nats:S/C") == 9);
+        CHECK(e.read().checkpoint(consumer, "nats:S/C") == 1);
         e.async_stop(asio::use_future).get();
     }
 }

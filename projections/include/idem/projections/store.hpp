@@ -67,9 +67,10 @@ struct checkpoint {
     std::string source;          ///< which source (a log path, a stream name)
     std::uint64_t position = 0;  ///< how far it was consumed (byte offset, stream sequence)
     std::string detail{};        ///< stored after the position: what else the source checks on resume (a log's file)
-    /// Keep the stored checkpoint when its position is higher. A broker redelivers older messages
-    /// after newer ones, so its checkpoint is the highest position whose outcome is committed,
-    /// not the last one; a log's position is the last one (a log read again starts lower).
+    /// Keep the stored checkpoint when its position is higher and its detail the same (positions
+    /// of one incarnation of the source). A broker redelivers older messages after newer ones,
+    /// so its checkpoint is the highest position whose outcome is committed, not the last one;
+    /// a log's position is the last one (a log read again starts lower).
     bool keep_highest = false;
 };
 
