@@ -32,6 +32,18 @@ std::string durations(const std::vector<std::chrono::nanoseconds>& v) {
     return out.empty() ? "none" : out;
 }
 
+std::string deliver_policy_name(const jsConsumerConfig& cc) {
+    switch (cc.DeliverPolicy) {
+        case js_DeliverAll: return "all";
+        case js_DeliverLast: return "last";
+        case js_DeliverNew: return "new";
+        case js_DeliverByStartSequence: return "by_start_sequence " + std::to_string(cc.OptStartSeq);
+        case js_DeliverByStartTime: return "by_start_time";
+        case js_DeliverLastPerSubject: return "last_per_subject";
+    }
+    return std::to_string(static_cast<int>(cc.DeliverPolicy));
+}
+
 // Refuses a bound consumer whose configuration differs from what the options ask for.
 void check_matches(const jsConsumerInfo& ci, const consumer_config& have, const source_options& o) {
     auto refuse = [&](const std::string& what, const std::string& theirs, const std::string& ours) {
@@ -46,6 +58,14 @@ void check_matches(const jsConsumerInfo& ci, const consumer_config& have, const 
     if (cc.AckPolicy != js_AckExplicit) {
         throw_error(errc::invalid_argument, name_of(o) + " does not use explicit acks; idem acks each message after "
                                                          "its commit and needs AckPolicy explicit");
+    }
+    // A consumer that starts past the stream's beginning never delivers what lies before it:
+    // those events would be missing from the rows without a word.
+    if (cc.DeliverPolicy != js_DeliverAll && !(cc.DeliverPolicy == js_DeliverByStartSequence && cc.OptStartSeq <= 1)) {
+        throw_error(errc::invalid_argument,
+                    name_of(o) + " does not deliver the stream from its start (deliver policy " +
+                        deliver_policy_name(cc) + " instead of all): the messages before its start would never be applied; use another "
+                        "consumer name, and idem creates one that delivers all");
     }
     const auto& s = o.settings;
     if (!o.filter_subject.empty() && o.filter_subject != have.filter_subject) {

@@ -288,8 +288,24 @@ source_result source::run(engine& e) {
     }
     auto now = detail::read_stream(*s.conn, s.o.stream);
     s.detail = detail::checkpoint_detail(now);
+    std::uint64_t position = 0;
     if (auto stored = e.read().checkpoint_value(e.options().store.consumer, s.source_name); stored && stored->size() >= 8) {
-        detail::check_stream(now, decode_position(*stored), stored->substr(8), s.o, s.o.accept_stream_reset);
+        position = decode_position(*stored);
+        detail::check_stream(now, position, stored->substr(8), s.o, s.o.accept_stream_reset);
+    }
+    // Every ack follows the commit that raised the checkpoint past its message, so the
+    // consumer's ack floor is never ahead of this store's checkpoint, unless the consumer
+    // acked for another store (a new one, or this one restored from an older copy): the
+    // server will not deliver those messages again, and they would be missing here.
+    if (auto ci = detail::consumer_info(*s.conn, s.o.stream, s.o.consumer);
+        ci && ci->AckFloor.Stream > position && !s.o.accept_stream_reset) {
+        throw_error(errc::invalid_argument,
+                    "consumer '" + s.o.consumer + "' of stream '" + s.o.stream + "' has acknowledged up to sequence " +
+                        std::to_string(ci->AckFloor.Stream) + ", but " + e.options().store.path.string() +
+                        " holds the stream only up to " + std::to_string(position) +
+                        ": the consumer was used for another store (or this one is an older copy), and the "
+                        "messages in between would never be applied here; use another consumer name (it "
+                        "replays the stream into this store), or --accept-stream-reset to go on without them");
     }
     const std::uint64_t target = now.last_sequence;
 
