@@ -308,6 +308,10 @@ source_result source::run(engine& e) {
                         "replays the stream into this store), or --accept-stream-reset to go on without them");
     }
     const std::uint64_t target = now.last_sequence;
+    {
+        std::scoped_lock lock{s.m};
+        s.result.last_sequence = position;  // a run that fetches nothing reports the stored checkpoint
+    }
 
     natsSubscription* sub = nullptr;
     jsSubOptions so;

@@ -90,7 +90,7 @@ struct source_result {
     std::uint64_t acked = 0;
     std::uint64_t nakked = 0;
     std::array<std::uint64_t, outcome_kinds> outcomes{};  ///< acked messages by outcome
-    std::uint64_t last_sequence = 0;  ///< the checkpoint when the run ended
+    std::uint64_t last_sequence = 0;  ///< the checkpoint when the run ended (the stored one if nothing came)
     std::uint64_t disconnects = 0;    ///< times the connection to the broker was lost (and regained)
     std::chrono::nanoseconds elapsed{0};
 };
