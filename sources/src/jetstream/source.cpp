@@ -156,6 +156,9 @@ void source::impl::complete(std::uint64_t token, std::error_code ec, const outco
         sent = natsMsg_NakWithDelay(h.msg, o.nak_delay.count(), nullptr);
     }
     natsMsg_Destroy(h.msg);
+    // Before the message stops counting as outstanding: once none is, run() may return and its
+    // caller destroy what on_ack uses (the engine, an audit file).
+    if (o.on_ack) o.on_ack(ev);
     {
         std::scoped_lock lock{m};
         if (!ec) {
@@ -177,9 +180,9 @@ void source::impl::complete(std::uint64_t token, std::error_code ec, const outco
         }
         (void)sent;  // a lost ack only makes the server deliver the message again: a duplicate
         --outstanding;
+        // Under the lock: the moment it is released, run() may return and the source go.
+        changed.notify_all();
     }
-    changed.notify_all();
-    if (o.on_ack) o.on_ack(ev);
 }
 
 void source::impl::touch_old_messages(clock::time_point now) {
