@@ -244,6 +244,25 @@ class checkpoint_report_test(consume_case):
                          f"the store holds {last}: {p.stderr.strip()}")
 
 
+class settings_test(consume_case):
+    def test_other_delivery_settings_leave_the_reference_rows(self):
+        report, _ = self.gen("o.jsonl", 2000, aggregates=40)
+        ref = self.reference(self.path("o.jsonl"), report["totals"])
+        self.publish(self.path("o.jsonl"))
+        last = self.ns.stream_info("ORD")["last_seq"]
+        variants = {"ack-sync": ["--ack-sync"],
+                    "window below the batch": ["--max-ack-pending", 7, "--fetch-batch", 256],
+                    "one message a fetch": ["--fetch-batch", 1, "--max-ack-pending", 3],
+                    "backoff": ["--backoff", "1s,2s", "--max-deliver", 4]}
+        for i, (name, extra) in enumerate(variants.items()):
+            with self.subTest(name):
+                db, consumer = self.path(f"db{i}"), f"v{i}"
+                r, _ = self.consume(db, "ORD", consumer, *extra, timeout=180)
+                self.assertEqual(self.rows(db), ref)
+                self.assertEqual((r["fetched"], r["acked"], r["last_sequence"]), (last, last, last), r)
+                self.assert_drained("ORD", consumer)
+
+
 class ack_audit_test(consume_case):
     def test_every_message_is_acked_after_its_commit_is_durable(self):
         report, _ = self.gen("o.jsonl", 3000)
@@ -295,7 +314,7 @@ class consumer_kill_test(consume_case):
         publisher = chunked_publisher(self, lines, 40 if SOAK else 20, 0.4)
         publisher.start()
         plan = ["random"] * (20 if SOAK else 6) + ["after_commit:1", "after_commit:3", "before_commit:1",
-                                                   "before_commit:2"]
+                                                   "before_commit:2", "mid_batch:1", "after_decode:2"]
         rng.shuffle(plan)
         self_killed = 0
         for step in plan:
@@ -480,6 +499,17 @@ class refusal_test(consume_case):
         self.consume(self.path("db"), "ORD", "c1", "--accept-stream-reset")
         self.assertEqual(self.rows(self.path("db")), self.reference(self.write_lines("seen.jsonl", seen)))
         self.assert_drained()
+
+    def test_a_consumer_deleted_while_it_is_consumed_stops_the_run_naming_it(self):
+        self.publish(self.write_lines("a.jsonl", self.small_log()))
+        p = self.start(self.path("db"))
+        wait_for(lambda: (self.consumer_info() or {}).get("ack_floor_stream_seq", 0) > 0, 60, "the first acks")
+        with self.ns.connect() as c:
+            c.api("$JS.API.CONSUMER.DELETE.ORD.c1", None)
+        p.wait(60)
+        code, _, err = self.finish(p)
+        self.assertEqual(code, 2, err)
+        self.assertIn("consumer 'c1' of stream 'ORD' was deleted", err)
 
     def test_a_missing_stream_is_an_error_naming_it(self):
         _, p = self.consume(self.path("db"), "NOPE", "c1", check=False)
