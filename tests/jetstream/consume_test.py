@@ -313,6 +313,7 @@ class consumer_kill_test(consume_case):
         settings = ["--ack-wait", "2s", "--max-deliver", 50, "--fetch-batch", 64, "--ack-log", self.path("acks.jsonl")]
         publisher = chunked_publisher(self, lines, 40 if SOAK else 20, 0.4)
         publisher.start()
+        wait_for(lambda: self.ns.stream_info("ORD"), 60, "the publisher to create the stream")
         plan = ["random"] * (20 if SOAK else 6) + ["after_commit:1", "after_commit:3", "before_commit:1",
                                                    "before_commit:2", "mid_batch:1", "after_decode:2"]
         rng.shuffle(plan)
