@@ -501,6 +501,44 @@ class refusal_test(consume_case):
         self.assertEqual(self.rows(self.path("db")), self.reference(self.write_lines("seen.jsonl", seen)))
         self.assert_drained()
 
+    def test_a_retention_shorter_than_the_backoff_bound_is_refused_naming_both(self):
+        self.publish(self.write_lines("a.jsonl", self.small_log()))
+        _, p = self.consume(self.path("db"), "ORD", "c1", "--backoff", "1s,2s", "--max-deliver", 4,
+                            "--inbox-retention", "3s", check=False)
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertIn("3s", p.stderr)
+        self.assertIn("BackOff 1s,2s over MaxDeliver 4 = 7s", p.stderr)
+        self.assertIsNone(self.stored_checkpoint(self.path("db")) if os.path.exists(self.path("db")) else None)
+
+    # PRODUCT BUG (reported, not fixed here): an existing pull consumer whose deliver policy skips
+    # the start of the stream (new, last, by_start_sequence; made by another tool) is bound
+    # without a word, and `consume --until-caught-up` into an empty db exits 0 "caught up" with
+    # the earlier messages never delivered: rows are lost. Expected: refused with exit 2 naming
+    # the deliver policy (docs/notes: "compare its config (filter, ack policy, deliver policy)"),
+    # or every message delivered. This test fails until then.
+    def test_an_existing_consumer_that_skips_the_start_of_the_stream_loses_nothing(self):
+        lines = self.small_log()
+        self.publish(self.write_lines("a.jsonl", lines))
+        ref = self.reference(self.path("a.jsonl"))
+        last = self.ns.stream_info("ORD")["last_seq"]
+        policies = {"new": {}, "last": {}, "by_start_sequence": {"opt_start_seq": last // 2}}
+        failures = []
+        for name, extra in policies.items():
+            consumer = name.replace("_", "-")
+            config = {"durable_name": consumer, "ack_policy": "explicit", "deliver_policy": name, "max_deliver": 5,
+                      "ack_wait": 30 * 10**9, **extra}
+            with self.ns.connect() as c:
+                c.api(f"$JS.API.CONSUMER.DURABLE.CREATE.ORD.{consumer}", {"stream_name": "ORD", "config": config})
+            db = self.path("db-" + consumer)
+            r, p = self.consume(db, "ORD", consumer, check=False)
+            if p.returncode == 0:
+                if self.rows(db) != ref:
+                    failures.append(f"deliver policy {name}: exit 0 with {r['fetched']} of {last} messages "
+                                    f"delivered; rows differ from the reference")
+            elif p.returncode != 2 or "deliver" not in p.stderr.lower():
+                failures.append(f"deliver policy {name}: exit {p.returncode}: {p.stderr.strip()}")
+        self.assertEqual(failures, [])
+
     def test_a_consumer_deleted_while_it_is_consumed_stops_the_run_naming_it(self):
         self.publish(self.write_lines("a.jsonl", self.small_log()))
         p = self.start(self.path("db"))
