@@ -11,6 +11,7 @@ Set IDEM_SOAK=1 for longer runs (more events, more kills); the default is the CI
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -537,6 +538,34 @@ class refusal_test(consume_case):
                                     f"delivered; rows differ from the reference")
             elif p.returncode != 2 or "deliver" not in p.stderr.lower():
                 failures.append(f"deliver policy {name}: exit {p.returncode}: {p.stderr.strip()}")
+        self.assertEqual(failures, [])
+
+    # PRODUCT BUG / GAP (reported, not fixed here): a db whose checkpoint is behind the existing
+    # consumer's ack floor (a new db, or one restored from a copy, bound to a durable another db
+    # has consumed) gets nothing: the server does not redeliver what it counts acked, and
+    # `consume --until-caught-up` exits 0 "caught up" with the rows missing. Expected: exit 2
+    # naming the consumer's ack floor and the db's checkpoint (the LMDB checkpoint is the
+    # authority), or a consumer recreated from checkpoint + 1. This test fails until then.
+    def test_a_db_behind_the_consumers_ack_floor_is_not_silently_left_behind(self):
+        lines = self.small_log(events=1000)
+        half = len(lines) // 2
+        self.publish(self.write_lines("a.jsonl", lines[:half]))
+        self.consume(self.path("db"))
+        shutil.copytree(self.path("db"), self.path("db-copy"))  # a backup, taken at a clean stop
+        self.publish(self.write_lines("b.jsonl", lines[half:]))
+        self.consume(self.path("db"))
+        ref = self.reference(self.write_lines("all.jsonl", lines))
+        self.assertEqual(self.rows(self.path("db")), ref)
+        failures = []
+        for name in ("db-copy", "db-new"):
+            r, p = self.consume(self.path(name), check=False)
+            if p.returncode == 0:
+                if self.rows(self.path(name)) != ref:
+                    failures.append(f"{name}: exit 0 after fetching {r['fetched']} messages; rows differ from "
+                                    f"the reference (checkpoint {self.stored_checkpoint(self.path(name))}, "
+                                    f"consumer ack floor {self.consumer_info()['ack_floor_stream_seq']})")
+            elif p.returncode != 2:
+                failures.append(f"{name}: exit {p.returncode}: {p.stderr.strip()}")
         self.assertEqual(failures, [])
 
     def test_a_consumer_deleted_while_it_is_consumed_stops_the_run_naming_it(self):
