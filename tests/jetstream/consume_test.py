@@ -227,6 +227,25 @@ class exactness_test(consume_case):
         self.assertEqual(self.rows(self.path("db1")), ref)
 
 
+class odd_bodies_test(consume_case):
+    def test_bodies_idem_cannot_read_are_dead_lettered_and_acked(self):
+        report, lines = self.gen("o.jsonl", 500, aggregates=10)
+        ref = self.reference(self.path("o.jsonl"), report["totals"])
+        self.publish(self.path("o.jsonl"))
+        odd = [b"", b"\x00\xff\xfe binary", b"[1,2,3]", b"null", b'{"specversion":"1.0"}', b"\xc3\x28 bad utf-8",
+               b'{"specversion":"0.3","id":"1","source":"s","type":"t"}', b"{" * 5000, b" " * 100,
+               b'{"specversion":"1.0","id":"x","source":"s","type":"t","data":' + b"1" * 900000 + b"}"]
+        self.ns.publish_many([("orders.odd", body, {"Nats-Msg-Id": f"odd-{i}"} if i % 2 else None)
+                              for i, body in enumerate(odd)])
+        r, p = self.consume(self.path("db"))
+        self.assertEqual(self.rows(self.path("db")), ref)
+        self.assert_drained()
+        dead = jsonl(run("deadletters", "--db", self.path("db")).stdout)
+        # The log's own malformed lines, plus the odd bodies that are not events (the last one is
+        # a well-formed event of another type: not a dead letter necessarily).
+        self.assertGreaterEqual(len(dead), report["outcomes"]["dead_lettered"] + len(odd) - 1, dead)
+
+
 class checkpoint_report_test(consume_case):
     # PRODUCT BUG (reported, not fixed here): a run that fetches nothing prints
     # "last_sequence":0 and "checkpoint at sequence 0" although the stored checkpoint is the
