@@ -401,6 +401,27 @@ class broker_kill_test(consume_case):
         self.assert_drained()
 
 
+    def test_a_run_until_caught_up_survives_a_broker_kill_and_ends_exact(self):
+        report, _ = self.gen("o.jsonl", 20000 if SOAK else 8000, aggregates=100)
+        ref = self.reference(self.path("o.jsonl"), report["totals"])
+        self.publish(self.path("o.jsonl"))
+        last = self.ns.stream_info("ORD")["last_seq"]
+        p = self.start(self.path("db"), "ORD", "c1", "--until-caught-up", "--fetch-batch", 16, "--ack-wait", "3s")
+        wait_for(lambda: (self.consumer_info() or {}).get("ack_floor_stream_seq", 0) > 0, 60, "the first acks")
+        if p.poll() is not None:
+            self.skipTest("the run finished before the broker was killed (a fast machine)")
+        self.ns.kill()
+        time.sleep(1.0)
+        self.ns.restart()
+        p.wait(180)
+        code, r, err = self.finish(p)
+        self.assertEqual(code, 0, err)
+        self.assertGreaterEqual(r["disconnects"], 1, r)
+        self.assertEqual(r["last_sequence"], last, r)
+        self.assertEqual(self.rows(self.path("db")), ref)
+        self.assert_drained()
+
+
 class ack_wait_test(consume_case):
     def test_messages_held_past_ack_wait_are_redelivered_and_applied_once(self):
         report, lines = self.gen("o.jsonl", 6000, aggregates=100)
