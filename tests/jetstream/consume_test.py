@@ -13,6 +13,7 @@ import os
 import random
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -50,6 +51,12 @@ def envelope_of(line):
         if not isinstance(e.get(k), str) or not e[k]:
             return None
     return e
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def wait_for(condition, timeout, what, interval=0.05):
@@ -637,17 +644,39 @@ class refusal_test(consume_case):
         self.assertEqual(code, 2, err)
         self.assertIn("consumer 'c1' of stream 'ORD' was deleted", err)
 
+    def test_messages_removed_by_the_streams_limits_before_they_were_applied_stop_the_consumer(self):
+        lines = self.small_log()
+        with self.ns.connect() as c:
+            c.api("$JS.API.STREAM.CREATE.LIM", {"name": "LIM", "subjects": ["lim.>"], "storage": "file",
+                                                "retention": "limits", "discard": "old", "max_msgs": 100,
+                                                "num_replicas": 1})
+        self.publish(self.write_lines("a.jsonl", lines), "LIM", "lim.>")
+        self.consume(self.path("db"), "LIM", "c1")
+        checkpoint = self.stored_checkpoint(self.path("db"), "LIM", "c1")
+        self.publish(self.write_lines("a.jsonl", lines), "LIM", "lim.>", "--msg-id", "none")
+        first = self.ns.stream_info("LIM")["first_seq"]
+        self.assertGreater(first, checkpoint + 1)
+        _, p = self.consume(self.path("db"), "LIM", "c1", check=False)
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertIn(f"stream 'LIM' starts at sequence {first}", p.stderr)
+        self.assertIn("--accept-stream-reset", p.stderr)
+        self.assertEqual(self.stored_checkpoint(self.path("db"), "LIM", "c1"), checkpoint)
+
+    def test_a_server_list_whose_first_server_is_down_connects_to_the_next(self):
+        self.publish(self.write_lines("a.jsonl", self.small_log()))
+        down = f"nats://127.0.0.1:{free_port()}"
+        p = run("consume", "--db", self.path("db"), "--nats", f"{down},{self.ns.url}", "--stream", "ORD",
+                "--consumer", "c1", "--until-caught-up", check=False, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assert_drained()
+
     def test_a_missing_stream_is_an_error_naming_it(self):
         _, p = self.consume(self.path("db"), "NOPE", "c1", check=False)
         self.assertEqual(p.returncode, 2, p.stderr)
         self.assertIn("NOPE", p.stderr)
 
     def test_an_unreachable_server_is_an_error_naming_the_url(self):
-        import socket
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        url = f"nats://127.0.0.1:{port}"
+        url = f"nats://127.0.0.1:{free_port()}"
         start = time.monotonic()
         p = run("consume", "--db", self.path("db"), "--nats", url, "--stream", "ORD", "--consumer", "c1",
                 "--until-caught-up", check=False, timeout=90)
