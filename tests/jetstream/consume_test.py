@@ -481,6 +481,19 @@ class ack_wait_test(consume_case):
 
 
 class sigterm_test(consume_case):
+    def test_sigterm_on_an_idle_consumer_exits_0_promptly(self):
+        self.gen("o.jsonl", 500, aggregates=10)
+        self.publish(self.path("o.jsonl"))
+        p = self.start(self.path("db"))
+        last = self.ns.stream_info("ORD")["last_seq"]
+        wait_for(lambda: (self.consumer_info() or {}).get("ack_floor_stream_seq", 0) >= last, 60, "everything acked")
+        started = time.monotonic()
+        code, r, err = self.finish(p, timeout=60)
+        self.assertEqual(code, 0, err)
+        self.assertLess(time.monotonic() - started, 10)
+        self.assertEqual((r["fetched"], r["acked"], r["last_sequence"]), (last, last, last), r)
+        self.assertEqual(self.consumer_info()["num_ack_pending"], 0)
+
     def test_sigterm_exits_0_with_its_json_and_leaves_nothing_pending(self):
         report, lines = self.gen("o.jsonl", 20000 if SOAK else 8000, aggregates=100)
         self.publish(self.path("o.jsonl"))
@@ -496,6 +509,25 @@ class sigterm_test(consume_case):
         # And the rest comes on the next run: the reference in the end.
         self.consume(self.path("db"))
         self.assertEqual(self.rows(self.path("db")), self.reference(self.path("o.jsonl"), report["totals"]))
+
+
+    def test_sigterm_while_the_broker_is_down_exits_in_bounded_time_and_the_next_run_ends_exact(self):
+        report, _ = self.gen("o.jsonl", 8000, aggregates=100)
+        ref = self.reference(self.path("o.jsonl"), report["totals"])
+        self.publish(self.path("o.jsonl"))
+        settings = ["--fetch-batch", 16, "--ack-wait", "3s", "--ack-log", self.path("acks.jsonl")]
+        p = self.start(self.path("db"), "ORD", "c1", *settings)
+        wait_for(lambda: (self.consumer_info() or {}).get("ack_floor_stream_seq", 0) > 0, 60, "the first acks")
+        self.ns.kill()
+        started = time.monotonic()
+        code, r, err = self.finish(p, timeout=90)
+        self.assertLess(time.monotonic() - started, 60)
+        self.assertIn(code, (0, 2), err)
+        self.ns.restart()
+        self.consume(self.path("db"), "ORD", "c1", *settings)
+        self.assertEqual(self.rows(self.path("db")), ref)
+        self.assert_drained()
+        self.assert_acks_after_durable(self.read_ack_log("acks.jsonl"))
 
 
 class refusal_test(consume_case):
