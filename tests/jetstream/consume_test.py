@@ -560,6 +560,18 @@ class refusal_test(consume_case):
         self.assertIn("5s", p.stderr)
         self.assertIn("30s", p.stderr)
         self.assertEqual(self.consumer_info()["config"]["ack_wait"], 30 * 10**9)  # left alone
+        for extra, named in (((["--max-deliver", 3]), "MaxDeliver 5, not 3"),
+                             ((["--max-ack-pending", 10]), "MaxAckPending 1000, not 10"),
+                             ((["--backoff", "1s,2s", "--max-deliver", 5]), "BackOff none, not 1s,2s"),
+                             ((["--max-deliver", -1, "--redelivery-bound", "1h"]), "MaxDeliver 5, not -1")):
+            with self.subTest(named):
+                _, p = self.consume(self.path("db"), "ORD", "c1", *extra, check=False)
+                self.assertEqual(p.returncode, 2, p.stderr)
+                self.assertIn(named, p.stderr)
+        # The consumer's own settings, given explicitly, are accepted.
+        self.consume(self.path("db"), "ORD", "c1", "--ack-wait", "30s", "--max-deliver", 5, "--max-ack-pending", 1000)
+        config = self.consumer_info()["config"]
+        self.assertEqual((config["ack_wait"], config["max_deliver"], config["max_ack_pending"]), (30 * 10**9, 5, 1000))
 
     def stored_bodies(self, stream):
         info = self.ns.stream_info(stream)
