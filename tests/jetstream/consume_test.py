@@ -395,6 +395,21 @@ class consumer_kill_test(consume_case):
         self.assertGreater(r["outcomes"]["duplicate_message"], 0, r)
 
 
+    def test_a_message_that_reached_max_deliver_without_a_commit_is_reported_not_dropped_silently(self):
+        self.gen("o.jsonl", 3000, aggregates=50)
+        self.publish(self.path("o.jsonl"))
+        settings = ["--ack-wait", "1s", "--max-deliver", 1, "--fetch-batch", 64]
+        # The second batch is fetched and never committed; MaxDeliver 1: the server never delivers it again.
+        p = self.start(self.path("db"), "ORD", "c1", *settings, env=dict(os.environ, IDEM_CRASH_AT="before_commit:2"))
+        p.wait(60)
+        self.assertEqual(p.returncode, -signal.SIGKILL)
+        held = self.consumer_info()["num_ack_pending"]
+        self.assertGreater(held, 0)
+        _, q = self.consume(self.path("db"), "ORD", "c1", *settings, check=False, timeout=120)
+        self.assertEqual(q.returncode, 2, q.stderr)
+        self.assertRegex(q.stderr, r"stream 'ORD' sequence \d+ reached MaxDeliver 1 without a committed outcome")
+
+
 class broker_kill_test(consume_case):
     def test_a_broker_killed_and_restarted_mid_run_is_reconnected_and_the_rows_are_exact(self):
         report, lines = self.gen("o.jsonl", 20000 if SOAK else 6000, aggregates=100)
