@@ -483,9 +483,10 @@ class ack_wait_test(consume_case):
             raise publisher.error
         self.assertGreater(held, 0, "the stopped consumer held no message")
         last = self.ns.stream_info("ORD")["last_seq"]
-        wait_for(lambda: self.consumer_info()["ack_floor_stream_seq"] >= last, 120, "the whole stream acked")
+        wait_for(lambda: p.poll() is not None or self.consumer_info()["ack_floor_stream_seq"] >= last, 120,
+                 f"the whole stream acked: {self.consumer_info()}")
         code, r, err = self.finish(p)
-        self.assertEqual(code, 0, err)
+        self.assertEqual(code, 0, f"{err}\nserver: {self.consumer_info()}")
         self.assertEqual(self.rows(self.path("db")), ref)  # applied once
         self.assert_drained()
         self.assert_acks_after_durable(self.read_ack_log("acks.jsonl"))
