@@ -254,10 +254,7 @@ class odd_bodies_test(consume_case):
 
 
 class checkpoint_report_test(consume_case):
-    # PRODUCT BUG (reported, not fixed here): a run that fetches nothing prints
-    # "last_sequence":0 and "checkpoint at sequence 0" although the stored checkpoint is the
-    # stream's last sequence (source_result::last_sequence is documented as "the checkpoint when
-    # the run ended"). This test fails until the source reports the stored checkpoint.
+    # A run that fetches nothing reports the stored checkpoint (it once reported 0).
     def test_a_run_with_nothing_new_reports_the_stored_checkpoint(self):
         report, _ = self.gen("o.jsonl", 500, aggregates=10)
         self.publish(self.path("o.jsonl"))
@@ -490,9 +487,9 @@ class ack_wait_test(consume_case):
         last = self.ns.stream_info("ORD")["last_seq"]
         wait_for(lambda: p.poll() is not None or self.consumer_info()["ack_floor_stream_seq"] >= last, 120,
                  f"the whole stream acked: {self.consumer_info()}")
-        # PRODUCT BUG (reported, not fixed here; rare): once in about 20 runs with a second copy of this
-        # test running, the consume process died with SIGABRT, glibc's "free(): invalid pointer", by
-        # the time of this SIGTERM; this assertion then fails with -6 (the stderr is in the message).
+        # The process once died here with SIGABRT ("free(): invalid pointer", about 1 run in 20): the
+        # last ack's on_ack ran after run() had returned and the engine was gone. The exit code
+        # and stderr are in the message should it come back.
         code, r, err = self.finish(p)
         self.assertEqual(code, 0, f"{err}\nserver: {self.consumer_info()}")
         self.assertEqual(self.rows(self.path("db")), ref)  # applied once
@@ -648,12 +645,9 @@ class refusal_test(consume_case):
         self.assertIn("BackOff 1s,2s over MaxDeliver 4 = 7s", p.stderr)
         self.assertIsNone(self.stored_checkpoint(self.path("db")) if os.path.exists(self.path("db")) else None)
 
-    # PRODUCT BUG (reported, not fixed here): an existing pull consumer whose deliver policy skips
-    # the start of the stream (new, last, by_start_sequence; made by another tool) is bound
-    # without a word, and `consume --until-caught-up` into an empty db exits 0 "caught up" with
-    # the earlier messages never delivered: rows are lost. Expected: refused with exit 2 naming
-    # the deliver policy (docs/notes: "compare its config (filter, ack policy, deliver policy)"),
-    # or every message delivered. This test fails until then.
+    # An existing pull consumer whose deliver policy skips the start of the stream (new, last,
+    # by_start_sequence; made by another tool) would never deliver the earlier messages: refused
+    # with exit 2 naming the deliver policy (or, if accepted, every message delivered).
     def test_an_existing_consumer_that_skips_the_start_of_the_stream_loses_nothing(self):
         lines = self.small_log()
         self.publish(self.write_lines("a.jsonl", lines))
@@ -677,12 +671,9 @@ class refusal_test(consume_case):
                 failures.append(f"deliver policy {name}: exit {p.returncode}: {p.stderr.strip()}")
         self.assertEqual(failures, [])
 
-    # PRODUCT BUG / GAP (reported, not fixed here): a db whose checkpoint is behind the existing
-    # consumer's ack floor (a new db, or one restored from a copy, bound to a durable another db
-    # has consumed) gets nothing: the server does not redeliver what it counts acked, and
-    # `consume --until-caught-up` exits 0 "caught up" with the rows missing. Expected: exit 2
-    # naming the consumer's ack floor and the db's checkpoint (the LMDB checkpoint is the
-    # authority), or a consumer recreated from checkpoint + 1. This test fails until then.
+    # A db whose checkpoint is behind the existing consumer's ack floor (a new db, or one restored
+    # from a copy, bound to a durable another db has consumed) would get nothing: the server does
+    # not redeliver what it counts acked. Exit 2 naming both positions (or exact rows).
     def test_a_db_behind_the_consumers_ack_floor_is_not_silently_left_behind(self):
         lines = self.small_log(events=1000)
         half = len(lines) // 2
