@@ -148,6 +148,9 @@ void source::impl::complete(std::uint64_t token, std::error_code ec, const outco
     }
     // Out of the map, no other thread touches the message: ack it without the lock.
     ack_event ev{h.sequence, h.delivered, h.message_id, !ec, ec ? outcome{} : out};
+    // Before the ack leaves: a process killed in between leaves a line whose ack never reached the
+    // server (the message comes again and is acked again), never an ack without its line.
+    if (o.on_ack) o.on_ack(ev);
     natsStatus sent = NATS_OK;
     if (!ec) {
         jsErrCode jerr{};
@@ -156,9 +159,6 @@ void source::impl::complete(std::uint64_t token, std::error_code ec, const outco
         sent = natsMsg_NakWithDelay(h.msg, o.nak_delay.count(), nullptr);
     }
     natsMsg_Destroy(h.msg);
-    // Before the message stops counting as outstanding: once none is, run() may return and its
-    // caller destroy what on_ack uses (the engine, an audit file).
-    if (o.on_ack) o.on_ack(ev);
     {
         std::scoped_lock lock{m};
         if (!ec) {

@@ -50,7 +50,7 @@ struct consumer_settings {
     std::optional<std::int64_t> max_ack_pending{};  ///< delivered and not acked at most: the engine's window (default 1000)
 };
 
-/// One acknowledgement, as it left (for tests and audits: on_ack).
+/// One acknowledgement, as it leaves (for tests and audits: on_ack).
 struct ack_event {
     std::uint64_t stream_sequence = 0;
     std::uint64_t delivered = 0;     ///< which delivery of the message this was (1: the first)
@@ -80,7 +80,8 @@ struct source_options {
     /// Stop once the checkpoint has reached the stream's last sequence as it was when run() began.
     bool until_caught_up = false;
     const std::atomic<bool>* stop = nullptr;  ///< checked between fetches: stops after the batch in hand, acked
-    std::function<void(const ack_event&)> on_ack{};  ///< called for every ack and nak, on the engine's executor
+    /// Called for every ack and nak just before it is sent, on the engine's executor.
+    std::function<void(const ack_event&)> on_ack{};
 };
 
 /// What a run did.
