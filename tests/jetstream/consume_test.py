@@ -567,6 +567,18 @@ class refusal_test(consume_case):
         self.assertIn("10s", p.stderr)
         self.assertIn("AckWait 30s x MaxDeliver 5", p.stderr)
 
+    def test_options_of_log_files_with_a_stream_and_the_reverse_are_refused_not_ignored(self):
+        for extra in (["--follow"], ["--batch", 10], ["--format", "jsonl"], ["--transport", "t"]):
+            _, p = self.consume(self.path("db"), "ORD", "c1", *extra, check=False)
+            self.assertEqual(p.returncode, 1, p.stderr)
+            self.assertIn(f"option '{extra[0]}' applies to --log files, not to a --nats stream", p.stderr)
+        log = self.write_lines("a.jsonl", self.small_log())
+        for extra in (["--stream", "ORD"], ["--fetch-batch", 10], ["--ack-sync"]):
+            p = run("consume", "--db", self.path("db"), "--log", log, *map(str, extra), check=False)
+            self.assertEqual(p.returncode, 1, p.stderr)
+            self.assertIn(f"option '{extra[0]}' applies to a --nats stream, not to --log files", p.stderr)
+        self.assertFalse(os.path.exists(self.path("db")))  # refused before anything was opened
+
     def test_unlimited_deliveries_need_a_redelivery_bound(self):
         self.publish(self.write_lines("a.jsonl", self.small_log()))
         _, p = self.consume(self.path("db"), "ORD", "c1", "--max-deliver", -1, check=False)

@@ -6,6 +6,9 @@
 #include "log_run.hpp"
 #include "options.hpp"
 
+#include <string>
+#include <string_view>
+
 namespace idem::cli::detail {
 
 namespace {
@@ -23,7 +26,29 @@ int rebuild_logs(const tool_context& t, const arguments& a) {
     return report_run("rebuilt " + o.store.path.string(), r);
 }
 
+// An option of one kind of input given with the other is refused, never silently ignored.
+void refuse_options_of_the_other_input(const arguments& a, bool nats) {
+    static constexpr std::string_view log_only[] = {"format",       "skip-bad",  "batch",         "follow",
+                                                    "restart-changed-log", "journal-rows", "transport", "resend-within"};
+    if (nats) {
+        for (auto name : log_only) {
+            if (a.get(name)) {
+                throw usage_error("option '--" + std::string(name) + "' applies to --log files, not to a --nats stream");
+            }
+        }
+        return;
+    }
+#ifdef IDEM_JETSTREAM
+    for (const auto& o : jetstream_consume_options()) {
+        if (o.name != "nats" && a.get(o.name)) {
+            throw usage_error("option '--" + o.name + "' applies to a --nats stream, not to --log files");
+        }
+    }
+#endif
+}
+
 int consume_logs(const tool_context& t, const arguments& a) {
+    refuse_options_of_the_other_input(a, a.get("nats").has_value());
     if (a.get("nats")) {
         if (!a.all("log").empty()) throw usage_error("consume reads either --log files or a --nats stream, not both");
 #ifdef IDEM_JETSTREAM
@@ -71,6 +96,13 @@ std::vector<command> log_run_commands(context_fn t) {
           "changed rows are journaled and folded into the row table once N are journaled (default: automatic)"},
          wait_option, inbox_retention_option, lateness_option, transport_option, future_skew_option, resend_option};
 #ifdef IDEM_JETSTREAM
+    // A broker redelivers in wall time: with --nats the inbox retention is measured on the wall clock.
+    for (auto& o : consume_flags) {
+        if (o.name == "inbox-retention") {
+            o.help = "prune inbox ids older than D as the run goes (7d, 1h, 90m): of event time for --log, of "
+                     "wall-clock time for --nats";
+        }
+    }
     for (auto& o : jetstream_consume_options()) consume_flags.push_back(std::move(o));
 #endif
     out.push_back(command{
