@@ -143,6 +143,11 @@ store& store::add_projection(std::unique_ptr<projection_base> p) {
     return *this;
 }
 
+store& store::upcast(upcaster step) {
+    impl_->upcasts.add(std::move(step));
+    return *this;
+}
+
 snapshot store::read() const { return detail::snapshot_of(impl_->env); }
 
 std::uint64_t store::last_commit() const { return read().commit(); }

@@ -36,9 +36,15 @@ void prepare_parts(const store::impl& s, const envelope& ev, std::vector<part>& 
     meta m{ev.id, ev.source, ev.type, ev.subject, ev.sequence, ev.time, {}};
     std::string event_id;  // the default effect key, built when a projection needs it
     std::size_t used = 0;  // parts are reused (with their strings' capacity) when a batch is recycled
+    // Old versions are lifted first: the handlers are those of the type the steps lead to, and
+    // they decode the lifted data (binary data is not JSON: no step reads it).
+    upcast_chain::lifted lifted;
+    if (!s.upcasts.empty() && !ev.data_binary) lifted = s.upcasts.lift(ev.type, ev.schema_version(), ev.data);
+    const std::string_view type = lifted.type.empty() ? std::string_view(ev.type) : lifted.type;
+    const std::string_view data = lifted.changed ? std::string_view(lifted.data) : std::string_view(ev.data);
     for (std::size_t p = 0; p < s.projections.size(); ++p) {
         const auto& proj = *s.projections[p];
-        const auto* h = proj.find(ev.type);
+        const auto* h = proj.find(type);
         if (h == nullptr) continue;
         if (used == parts.size()) parts.emplace_back();
         auto& out = parts[used++];
@@ -62,10 +68,15 @@ void prepare_parts(const store::impl& s, const envelope& ev, std::vector<part>& 
                      "), and a typed handler takes JSON data only");
             continue;
         }
+        if (!lifted.failure.empty()) {
+            fail(reason::upcast_failed, ": " + lifted.failure);
+            continue;
+        }
         try {
-            out.decoded = h->decode(ev.data);
+            out.decoded = h->decode(data);
         } catch (const std::exception& e) {
-            fail(reason::decode_failed, ": data does not decode as " + ev.type + ": " + e.what());
+            fail(reason::decode_failed, ": data does not decode as " + std::string(type) +
+                                            (lifted.changed ? " (after its upcasters)" : "") + ": " + e.what());
             continue;
         }
         try {

@@ -20,6 +20,7 @@
 #include "event_ids.hpp"
 #include "operator_session.hpp"
 #include "row_journal.hpp"
+#include "upcast_chain.hpp"
 
 #include <idem/storage/error.hpp>
 #include <idem/storage/id_log.hpp>
@@ -93,6 +94,7 @@ struct store::impl {
     std::unique_ptr<id_log> ids;                      // the inbox
     std::unique_ptr<detail::event_id_log> event_ids;  // event ids of deliveries under transport ids
     std::vector<std::unique_ptr<projection_base>> projections;
+    detail::upcast_chain upcasts;  // applied to every event's data before it is decoded
     std::vector<MDB_dbi> tables;
     std::vector<std::unique_ptr<id_log>> contributors;           // per projection: row + effect key pairs
     std::vector<std::unique_ptr<detail::row_journal>> journals;  // per projection: rows not yet folded in

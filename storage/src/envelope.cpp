@@ -37,13 +37,14 @@ std::string_view to_string(reason r) noexcept {
     case reason::future_event: return "future_event";
     case reason::transport_collision: return "transport_collision";
     case reason::released_dropped: return "released_dropped";
+    case reason::upcast_failed: return "upcast_failed";
     }
     return "unknown";
 }
 
 std::vector<reason> dead_letter_reasons() {
     std::vector<reason> out;
-    for (auto r = static_cast<int>(reason::invalid_json); r <= static_cast<int>(reason::released_dropped); ++r) {
+    for (auto r = static_cast<int>(reason::invalid_json); r <= static_cast<int>(reason::upcast_failed); ++r) {
         out.push_back(static_cast<reason>(r));
     }
     return out;
@@ -76,6 +77,16 @@ std::string envelope::message_id() const {
         return transport_message_id(msgid);
     }
     return "e" + event_id();
+}
+
+std::uint32_t envelope::schema_version() const {
+    std::string_view last = dataschema;
+    if (auto at = last.find_last_of(":/"); at != std::string_view::npos) last.remove_prefix(at + 1);
+    if (!last.empty() && (last.front() == 'v' || last.front() == 'V')) last.remove_prefix(1);
+    if (last.empty() || last.size() > 9 || last.find_first_not_of("0123456789") != std::string_view::npos) return 1;
+    std::uint32_t v = 0;
+    for (char c : last) v = v * 10 + static_cast<std::uint32_t>(c - '0');
+    return v == 0 ? 1 : v;
 }
 
 std::string describe(const envelope& e) {
@@ -224,6 +235,10 @@ std::string envelope::to_json() const {
     if (!datacontenttype.empty()) {
         out += ",\"datacontenttype\":";
         append_json_string(out, datacontenttype);
+    }
+    if (!dataschema.empty()) {
+        out += ",\"dataschema\":";
+        append_json_string(out, dataschema);
     }
     if (data_binary) {
         out += ",\"data_base64\":\"";

@@ -57,6 +57,7 @@ bool envelope_parser::parse(std::string_view text, envelope& out, parse_error& e
     out.time.clear();
     out.msgid.clear();
     out.datacontenttype.clear();
+    out.dataschema.clear();
     out.data.assign("null");
     out.data_binary = false;
     err.why = reason::none;
@@ -91,7 +92,6 @@ bool envelope_parser::parse(std::string_view text, envelope& out, parse_error& e
     };
     std::string_view specversion;
     std::string_view data_base64;
-    std::string_view dataschema;
     for (auto field : object) {
         std::string_view name;
         if (field.unescaped_key().get(name) != simdjson::SUCCESS) {
@@ -131,8 +131,9 @@ bool envelope_parser::parse(std::string_view text, envelope& out, parse_error& e
             ok = once(bit_datacontenttype, name) && read_string(value, name, out.datacontenttype, unset, err) &&
                  (unset || non_empty(name, out.datacontenttype));
         } else if (name == "dataschema") {
-            ok = once(bit_dataschema, name) && read_string(value, name, dataschema, unset, err) &&
-                 (unset || non_empty(name, dataschema));
+            ok = once(bit_dataschema, name) && read_string(value, name, out.dataschema, unset, err) &&
+                 (unset || non_empty(name, out.dataschema));
+            const std::string_view dataschema = out.dataschema;
             // An absolute URI starts with its scheme: a letter, then letters, digits, '+', '-', '.', then ':'.
             const auto colon = dataschema.find(':');
             if (ok && !unset &&

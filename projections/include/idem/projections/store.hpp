@@ -7,6 +7,7 @@
 // commit succeeded (and, with durability::full, was synced).
 
 #include <idem/projections/projection.hpp>
+#include <idem/projections/upcast.hpp>
 #include <idem/storage/durability.hpp>
 #include <idem/storage/writer_lock.hpp>
 
@@ -347,6 +348,9 @@ public:
     store& add(projection<State>&& p) {
         return add_projection(std::make_unique<projection<State>>(std::move(p)));
     }
+    /// Adds an upcasting step (upcast.hpp), before the first apply(). Throws errc::invalid_argument
+    /// naming it if another step already lifts that version or the type's versions leave a gap.
+    store& upcast(upcaster step);
 
     /// Applies a batch in one transaction and returns one outcome per delivery, in order.
     /// Throws std::system_error if the batch could not be committed: then nothing of it is stored.

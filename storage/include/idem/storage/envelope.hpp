@@ -36,6 +36,7 @@ enum class reason {
     future_event,             ///< further ahead of the consumer's event time than its allowed skew
     transport_collision,      ///< a transport id already used by another event (recorded, not dead-lettered)
     released_dropped,         ///< a parked event an operator dropped (idem release --drop)
+    upcast_failed,            ///< an upcaster threw while lifting the event's data to the version handled
 };
 
 /// Returns the reason whose text is name, or nullopt ("none" is not a reason a dead letter has).
@@ -58,6 +59,7 @@ struct envelope {
     std::string time;                      ///< RFC 3339 event time, as given
     std::string msgid;                     ///< transport message id extension; empty if absent
     std::string datacontenttype;           ///< media type of the data, as given; empty if absent
+    std::string dataschema;                ///< URI of the data's schema, as given; empty if absent (schema_version())
     std::string data = "null";             ///< the `data` member as raw JSON text, or the bytes of binary data
     bool data_binary = false;              ///< data holds bytes from `data_base64` that are not JSON
 
@@ -66,6 +68,10 @@ struct envelope {
     std::string event_id() const;
     /// Returns the message id: `msgid` if present, else the event id (distinct namespaces).
     std::string message_id() const;
+    /// Returns the version of the data's schema: the last segment of `dataschema` (after its last
+    /// ':' or '/') when it is a number, optionally after a 'v' ("urn:idem:example:order.line_added:2",
+    /// "https://example.com/schemas/order/v3"); 1 without a dataschema or without such a segment.
+    std::uint32_t schema_version() const;
     /// Serializes as a CloudEvents JSON object (JSON data inserted verbatim, binary data as `data_base64`).
     std::string to_json() const;
 };

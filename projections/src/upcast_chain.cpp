@@ -1,0 +1,98 @@
+// Checking and applying a store's upcasting steps.
+
+#include "upcast_chain.hpp"
+
+#include <idem/storage/error.hpp>
+
+#include <algorithm>
+#include <exception>
+
+namespace idem::detail {
+
+namespace {
+
+std::string name_of(std::string_view type, std::uint32_t version) {
+    return "'" + std::string(type) + "' version " + std::to_string(version);
+}
+
+}  // namespace
+
+void upcast_chain::add(upcaster step) {
+    if (step.type.empty() || step.from == 0 || !step.lift) {
+        throw_error(errc::invalid_argument, "upcaster of " + name_of(step.type, step.from) +
+                                                ": needs a type, a version from 1 and a function");
+    }
+    if (step.to_type.empty()) step.to_type = step.type;
+    if (step.from == UINT32_MAX) {
+        throw_error(errc::invalid_argument, "upcaster of " + name_of(step.type, step.from) + ": no version follows it");
+    }
+    step_key key{step.type, step.from};
+    if (steps_.contains(key)) {
+        throw_error(errc::invalid_argument,
+                    "two upcasters from " + name_of(step.type, step.from) + ": a version is lifted one way only");
+    }
+    auto bump = [&](const std::string& type, std::uint32_t v) {
+        auto& k = known_[type];
+        k.oldest = std::min(k.oldest, v);
+        k.newest = std::max(k.newest, v);
+    };
+    bump(step.type, step.from);
+    bump(step.to_type, step.from + 1);
+    const auto type = step.type;
+    const auto to_type = step.to_type;
+    steps_.emplace(std::move(key), std::move(step));
+    check_no_gap(type);
+    if (to_type != type) check_no_gap(to_type);
+}
+
+// Every version of a type between its lowest step and its newest version must lift: a
+// version with no step below the newest would reach the handlers as it is.
+void upcast_chain::check_no_gap(std::string_view type) const {
+    auto first = steps_.lower_bound(step_view(type, 0));
+    if (first == steps_.end() || first->first.first != type) return;  // only a step's target so far
+    const auto newest = known_.find(type)->second.newest;
+    for (auto v = first->first.second; v < newest; ++v) {
+        if (steps_.find(step_view(type, v)) == steps_.end()) {
+            throw_error(errc::invalid_argument, "upcasters of '" + std::string(type) + "' have a gap: version " +
+                                                    std::to_string(v) + " has none, while version " +
+                                                    std::to_string(newest) + " is the newest");
+        }
+    }
+}
+
+upcast_chain::lifted upcast_chain::lift(std::string_view type, std::uint32_t version, std::string_view data) const {
+    lifted out;
+    out.type = type;
+    if (auto k = known_.find(type); k != known_.end() && version < k->second.oldest) {
+        out.failure = name_of(type, version) + " has no upcaster (the oldest version known is " +
+                      std::to_string(k->second.oldest) + ")";
+        return out;
+    }
+    // Versions only go up, one at a time, so the walk ends (a chain cannot come back to a version).
+    for (;;) {
+        auto it = steps_.find(step_view(out.type, version));
+        if (it == steps_.end()) break;
+        const auto& step = it->second;
+        if (out.failure.empty()) {
+            try {
+                out.data = step.lift(out.changed ? std::string_view(out.data) : data);
+                out.changed = true;
+            } catch (const std::exception& e) {
+                out.failure = "upcaster from " + name_of(out.type, version) + " threw: " + e.what();
+            } catch (...) {
+                out.failure = "upcaster from " + name_of(out.type, version) + " threw";
+            }
+        }
+        out.type = step.to_type;  // followed on a failure too: the handlers of the type it was meant to reach fail
+        ++version;
+    }
+    if (out.failure.empty()) {
+        if (auto k = known_.find(out.type); k != known_.end() && version > k->second.newest) {
+            out.failure = name_of(out.type, version) + " is newer than this code, which knows up to version " +
+                          std::to_string(k->second.newest);
+        }
+    }
+    return out;
+}
+
+}  // namespace idem::detail

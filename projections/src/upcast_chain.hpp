@@ -1,0 +1,50 @@
+#pragma once
+
+// The upcasting steps of a store, checked as they are added (no two steps from one version,
+// no gap inside a type's versions) and applied to an event's data before it is decoded.
+
+#include <idem/projections/upcast.hpp>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <utility>
+
+namespace idem::detail {
+
+class upcast_chain {
+public:
+    /// Adds a step; throws errc::invalid_argument naming it if it repeats a step or leaves a gap.
+    void add(upcaster step);
+    bool empty() const noexcept { return steps_.empty(); }
+
+    /// An event after its steps: the type its handlers are chosen by, and its data.
+    struct lifted {
+        std::string_view type;
+        std::string data;      ///< the lifted JSON text (only when steps ran)
+        bool changed = false;  ///< false: the event's own data stands
+        std::string failure;   ///< why it could not be lifted ("" = it was)
+    };
+    /// Lifts (type, version, data) through the steps from it; version is the event's schema version.
+    lifted lift(std::string_view type, std::uint32_t version, std::string_view data) const;
+
+private:
+    using step_key = std::pair<std::string, std::uint32_t>;
+    using step_view = std::pair<std::string_view, std::uint32_t>;
+    struct by_type_and_version {  // transparent: looked up by a type's view
+        using is_transparent = void;
+        static step_view view(const step_key& k) { return {k.first, k.second}; }
+        static step_view view(const step_view& k) { return k; }
+        bool operator()(const auto& a, const auto& b) const { return view(a) < view(b); }
+    };
+    std::map<step_key, upcaster, by_type_and_version> steps_;
+    struct span {
+        std::uint32_t oldest = UINT32_MAX;
+        std::uint32_t newest = 0;
+    };
+    std::map<std::string, span, std::less<>> known_;  // per type: the versions its steps read or write
+    void check_no_gap(std::string_view type) const;
+};
+
+}  // namespace idem::detail
