@@ -297,7 +297,13 @@ outcome batch_run::apply_projections(const item& d) {
                                 std::to_string(effect ? effect->size() : ev.event_id().size()) +
                                 " bytes) exceeds LMDB's " + std::to_string(limit) + "-byte key limit");
             }
-            auto& slot = load_row(p, key, pt.key_hashes[k]);
+            row_slot* loaded = nullptr;
+            try {
+                loaded = &load_row(p, key, pt.key_hashes[k]);
+            } catch (const migration_failed& e) {
+                return dead(d, reason::upcast_failed, describe(ev) + ", row '" + layout::truncate(key) + "': " + e.what());
+            }
+            auto& slot = *loaded;
             const bool own_stream = ev.sequence && key == ev.subject;
             if (own_stream && *ev.sequence <= slot.header.highest_sequence) continue;
             if (holds(p, contributor, pt.contributor_hashes[k])) continue;
@@ -546,22 +552,25 @@ outcome batch_run::dead(const item& d, reason why, std::string detail, std::stri
 
 batch_run::row_slot& batch_run::load_row(std::size_t p, const std::string& key, std::uint64_t hash) {
     if (rows_.size() <= p) rows_.resize(s_.projections.size());
-    auto [entry, inserted] = rows_[p].try_emplace(key, hash);
-    auto& slot = entry->value;
-    if (!inserted) return slot;
-    row_bytes_ += 2 * key.size() + 192;
+    if (auto* cached = rows_[p].find(key, hash)) return cached->value;
+    // Read first, then keep: a row whose state cannot be read (a migration that throws) leaves
+    // no slot behind.
     const auto& proj = *s_.projections[p];
     const auto row_key = codec::row_key(key);
     auto record = s_.journals[p]->find(txn_, row_key);
     if (!record) record = txn_.get(s_.tables[p], row_key);
+    row_slot read;
     if (record) {
         auto decoded = codec::decode_row(*record);
-        slot.header = decoded.header;
-        slot.state = proj.load(decoded.state, decoded.header.state_version);
+        read.header = decoded.header;
+        read.state = proj.load(decoded.state, decoded.header.state_version);  // migrated if older
     } else {
-        slot.header.state_version = proj.state_version();
-        slot.state = proj.make_state();
+        read.header.state_version = proj.state_version();
+        read.state = proj.make_state();
     }
+    auto& slot = rows_[p].try_emplace(key, hash).first->value;
+    slot = std::move(read);
+    row_bytes_ += 2 * key.size() + 192;
     return slot;
 }
 

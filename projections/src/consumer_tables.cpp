@@ -138,6 +138,7 @@ store& store::add_projection(std::unique_ptr<projection_base> p) {
     if (p->name().empty() || p->name().find('/') != std::string::npos) {
         throw_error(errc::invalid_argument, "projection name '" + p->name() + "' must be non-empty without '/'");
     }
+    p->check();
     impl_->open_projection(*p);
     impl_->projections.push_back(std::move(p));
     return *this;

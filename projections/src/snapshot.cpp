@@ -335,3 +335,15 @@ std::vector<dead_letter> consumer_view::dead_letters() const {
 }
 
 }  // namespace idem
+
+namespace idem::detail {
+
+void check_read_version(std::string_view projection, std::uint32_t row_version, std::uint32_t declared) {
+    if (row_version == declared) return;
+    throw_error(errc::state_version_mismatch,
+                "projection '" + std::string(projection) + "': a row has state version " + std::to_string(row_version) +
+                    ", and the state type read declares " + std::to_string(declared) +
+                    ": read it through its projection (snapshot::get(projection, key)), which migrates older rows");
+}
+
+}  // namespace idem::detail

@@ -196,6 +196,11 @@ public:
         e.hash = hash;
         return {&e, true};
     }
+    /// Returns the entry for key (hash_of(key) computed ahead), or null.
+    entry* find(std::string_view key, std::uint64_t hash) {
+        const auto k = slots_.probe(hash, [&](std::size_t i) { return entries_[i].hash == hash && entries_[i].key == key; });
+        return k == slot_index::npos ? nullptr : &entries_[k];
+    }
     void clear() {
         entries_.clear();
         slots_.clear();

@@ -29,6 +29,7 @@
 #include <memory>
 #include <optional>
 #include <sstream>
+#include <stdexcept>
 #include <streambuf>
 #include <string>
 #include <string_view>
@@ -121,6 +122,33 @@ void save_state(const State& state, std::string& out) {
     cereal::PortableBinaryOutputArchive archive{os};
     archive(state);
 }
+
+/// A state migration threw: the event that needed the row is dead-lettered (upcast_failed).
+class migration_failed : public std::runtime_error {
+public:
+    using std::runtime_error::runtime_error;
+};
+
+/// One step of a projection's state chain: reads a row written at one state version and
+/// returns the state of the next.
+struct migration {
+    std::type_index from = typeid(void);  ///< the state type at that version
+    std::type_index to = typeid(void);    ///< the state type of the next version
+    std::function<std::shared_ptr<void>(std::string_view bytes)> load;  ///< decodes a row's state bytes
+    std::function<std::shared_ptr<void>(const void* old)> lift;         ///< from -> to
+};
+using migrations = std::map<std::uint32_t, migration>;
+
+/// Reads bytes written at state version `version` and lifts them to `current`; returns the
+/// state of type `current_type`. Throws errc::state_version_mismatch naming the projection when
+/// no chain leads there, migration_failed when a step throws.
+std::shared_ptr<void> migrate(const migrations& steps, const std::string& projection, std::string_view bytes,
+                              std::uint32_t version, std::uint32_t current);
+/// Checks a chain when its projection is added: every version from the oldest step to current
+/// has a step, each step's state type is the previous step's result, and the last one's is
+/// current_type. Throws errc::invalid_argument naming the projection and the step.
+void check_migrations(const migrations& steps, const std::string& projection, std::uint32_t current,
+                      std::type_index current_type);
 
 template <class E>
 concept member_serializable = requires(cereal::JSONInputArchive& a, E& e) { e.serialize(a); };
@@ -266,6 +294,9 @@ public:
     virtual void save(const detail::state_box& state, std::string& out) const = 0;
     /// Appends the state as a compact JSON object (what `idem get` and `idem dump` print).
     virtual void write_json(const detail::state_box& state, std::string& out) const = 0;
+    /// Checks what must hold before the projection is used (its migration chain); throws
+    /// errc::invalid_argument naming it.
+    virtual void check() const {}
 
 protected:
     explicit projection_base(std::string name) : name_(std::move(name)) {}
@@ -329,6 +360,24 @@ public:
         state_version_ = v;
         return *this;
     }
+    /// Declares how a row written at state version `from` is read: fn(const Old&) returns the
+    /// state of version from + 1 (State itself for the version before the current one). Rows
+    /// are migrated when read and rewritten at the current version when next changed.
+    template <class Old, class F>
+    projection& migrate(std::uint32_t from, F fn) & {
+        using Next = std::remove_cvref_t<std::invoke_result_t<F&, const Old&>>;
+        detail::migration m;
+        m.from = typeid(Old);
+        m.to = typeid(Next);
+        m.load = [](std::string_view bytes) -> std::shared_ptr<void> {
+            return std::make_shared<Old>(detail::load_state<Old>(bytes));
+        };
+        m.lift = [fn = std::move(fn)](const void* old) mutable -> std::shared_ptr<void> {
+            return std::make_shared<Next>(fn(*static_cast<const Old*>(old)));
+        };
+        migrations_.insert_or_assign(from, std::move(m));
+        return *this;
+    }
 
     // Rvalue overloads so a projection can be built and handed over in one expression.
     template <class E, class F>
@@ -340,6 +389,8 @@ public:
     template <class F>
     projection&& effect_key(F fn) && { return std::move(effect_key(std::move(fn))); }
     projection&& state_version(std::uint32_t v) && { return std::move(state_version(v)); }
+    template <class Old, class F>
+    projection&& migrate(std::uint32_t from, F fn) && { return std::move(migrate<Old>(from, std::move(fn))); }
 
     std::unique_ptr<detail::state_box> make_state() const override {
         return std::make_unique<detail::typed_state<State>>();
@@ -351,15 +402,23 @@ public:
                             ", this code knows up to " + std::to_string(state_version_));
         }
         auto box = std::make_unique<detail::typed_state<State>>();
-        box->value = detail::load_state<State>(bytes);
+        if (version == state_version_) {
+            box->value = detail::load_state<State>(bytes);
+        } else {
+            box->value = std::move(*static_cast<State*>(detail::migrate(migrations_, name_, bytes, version, state_version_).get()));
+        }
         return box;
     }
+    void check() const override { detail::check_migrations(migrations_, name_, state_version_, typeid(State)); }
     void save(const detail::state_box& state, std::string& out) const override {
         detail::save_state(static_cast<const detail::typed_state<State>&>(state).value, out);
     }
     void write_json(const detail::state_box& state, std::string& out) const override {
         detail::write_json(static_cast<const detail::typed_state<State>&>(state).value, out);
     }
+
+private:
+    detail::migrations migrations_;
 };
 
 }  // namespace idem

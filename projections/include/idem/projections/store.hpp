@@ -302,6 +302,30 @@ struct store_options {
 class snapshot;
 namespace detail {
 class operator_session;
+
+template <class S>
+concept declares_state_version = requires { std::uint32_t{S::state_version}; };
+
+/// Refuses a row that is not at the state version State declares (1 if it declares none).
+void check_read_version(std::string_view projection, std::uint32_t row_version, std::uint32_t declared);
+
+/// A row's state read by type alone: only at the state version State declares.
+template <class State>
+State state_at_version(std::string_view projection, std::string_view bytes, std::uint32_t row_version) {
+    if constexpr (declares_state_version<State>) {
+        check_read_version(projection, row_version, State::state_version);
+    } else {
+        check_read_version(projection, row_version, 1);
+    }
+    return load_state<State>(bytes);
+}
+
+/// A row's state read through its projection (migrated if older).
+template <class State>
+State state_through(const projection<State>& p, std::string_view bytes, std::uint32_t row_version) {
+    auto box = p.load(bytes, row_version);
+    return std::move(static_cast<typed_state<State>&>(*box).value);
+}
 }  // namespace detail
 
 /// Deliveries parsed and decoded ahead of the writer by store::prepare(), for store::apply().
@@ -438,18 +462,38 @@ public:
     snapshot(snapshot&&) noexcept;
     snapshot& operator=(snapshot&&) noexcept;
 
-    /// Returns a row's state and version, or nullopt if the row does not exist.
+    /// Returns a row's state and version, or nullopt if the row does not exist. Reads only rows
+    /// at the state version State declares (`static constexpr std::uint32_t state_version`,
+    /// else 1) and refuses others (errc::state_version_mismatch): read those through their
+    /// projection, which migrates them.
     template <class State>
     std::optional<row<State>> get(std::string_view projection, std::string_view key) const {
         auto raw = raw_row(projection, key);
         if (!raw) return std::nullopt;
-        return row<State>{std::string(key), detail::load_state<State>(raw->state), raw->version, raw->highest_sequence};
+        return row<State>{std::string(key), detail::state_at_version<State>(projection, raw->state, raw->state_version), raw->version,
+                          raw->highest_sequence};
     }
-    /// Calls fn(row<State>) for every row of a projection, in key order.
+    /// Returns a row read through its projection: a row of an older state version is migrated
+    /// (projection::migrate), one newer than the code is refused (errc::state_version_mismatch).
+    template <class State>
+    std::optional<row<State>> get(const idem::projection<State>& p, std::string_view key) const {
+        auto raw = raw_row(p.name(), key);
+        if (!raw) return std::nullopt;
+        return row<State>{std::string(key), detail::state_through<State>(p, raw->state, raw->state_version), raw->version, raw->highest_sequence};
+    }
+    /// Calls fn(row<State>) for every row of a projection, in key order (versions as get() reads them).
     template <class State, class F>
     void scan(std::string_view projection, F&& fn) const {
         scan_raw(projection, [&](const raw_row_view& r) {
-            fn(row<State>{std::string(r.key), detail::load_state<State>(r.state), r.version, r.highest_sequence});
+            fn(row<State>{std::string(r.key), detail::state_at_version<State>(projection, r.state, r.state_version), r.version,
+                          r.highest_sequence});
+        });
+    }
+    /// Calls fn(row<State>) for every row of a projection, read through it, in key order.
+    template <class State, class F>
+    void scan(const idem::projection<State>& p, F&& fn) const {
+        scan_raw(p.name(), [&](const raw_row_view& r) {
+            fn(row<State>{std::string(r.key), detail::state_through<State>(p, r.state, r.state_version), r.version, r.highest_sequence});
         });
     }
     /// Returns every row of a projection, in key order.
@@ -457,6 +501,13 @@ public:
     std::vector<row<State>> rows(std::string_view projection) const {
         std::vector<row<State>> out;
         scan<State>(projection, [&](row<State> r) { out.push_back(std::move(r)); });
+        return out;
+    }
+    /// Returns every row of a projection, read through it, in key order.
+    template <class State>
+    std::vector<row<State>> rows(const idem::projection<State>& p) const {
+        std::vector<row<State>> out;
+        scan(p, [&](row<State> r) { out.push_back(std::move(r)); });
         return out;
     }
 
