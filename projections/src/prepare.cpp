@@ -41,7 +41,6 @@ void prepare_parts(const store::impl& s, const envelope& ev, std::vector<part>& 
     upcast_chain::lifted lifted;
     if (!s.upcasts.empty() && !ev.data_binary) lifted = s.upcasts.lift(ev.type, ev.schema_version(), ev.data);
     const std::string_view type = lifted.type.empty() ? std::string_view(ev.type) : lifted.type;
-    const std::string_view data = lifted.changed ? std::string_view(lifted.data) : std::string_view(ev.data);
     for (std::size_t p = 0; p < s.projections.size(); ++p) {
         const auto& proj = *s.projections[p];
         const auto* h = proj.find(type);
@@ -73,7 +72,11 @@ void prepare_parts(const store::impl& s, const envelope& ev, std::vector<part>& 
             continue;
         }
         try {
-            out.decoded = h->decode(data);
+            if (lifted.object && lifted.made_by->to == h->event) {
+                out.decoded = lifted.object;  // the last typed step's result is the handler's event
+            } else {
+                out.decoded = h->decode(lifted.json(ev.data));
+            }
         } catch (const std::exception& e) {
             fail(reason::decode_failed, ": data does not decode as " + std::string(type) +
                                             (lifted.changed ? " (after its upcasters)" : "") + ": " + e.what());

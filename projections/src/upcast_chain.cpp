@@ -60,6 +60,16 @@ void upcast_chain::check_no_gap(std::string_view type) const {
     }
 }
 
+std::string_view upcast_chain::lifted::json(std::string_view own) {
+    if (!changed) return own;
+    if (object) {
+        data = made_by->encode(object.get());
+        object.reset();
+        made_by = nullptr;
+    }
+    return data;
+}
+
 upcast_chain::lifted upcast_chain::lift(std::string_view type, std::uint32_t version, std::string_view data) const {
     lifted out;
     out.type = type;
@@ -75,7 +85,18 @@ upcast_chain::lifted upcast_chain::lift(std::string_view type, std::uint32_t ver
         const auto& step = it->second;
         if (out.failure.empty()) {
             try {
-                out.data = step.lift(out.changed ? std::string_view(out.data) : data);
+                const auto& typed = step.objects;
+                if (typed.lift && out.object && out.made_by->to == typed.from) {
+                    out.object = typed.lift(out.object.get());  // decoded once, handed on
+                    out.made_by = &typed;
+                } else if (typed.lift) {
+                    out.object = typed.lift(typed.decode(out.json(data)).get());
+                    out.made_by = &typed;
+                } else {
+                    out.data = step.lift(out.json(data));
+                    out.object.reset();
+                    out.made_by = nullptr;
+                }
                 out.changed = true;
             } catch (const std::exception& e) {
                 out.failure = "upcaster from " + name_of(out.type, version) + " threw: " + e.what();

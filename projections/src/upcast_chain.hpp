@@ -19,12 +19,18 @@ public:
     void add(upcaster step);
     bool empty() const noexcept { return steps_.empty(); }
 
-    /// An event after its steps: the type its handlers are chosen by, and its data.
+    /// An event after its steps: the type its handlers are chosen by, and its data: the event's
+    /// own (no step ran), lifted JSON text, or the object the last typed step returned.
     struct lifted {
         std::string_view type;
-        std::string data;      ///< the lifted JSON text (only when steps ran)
+        std::string data;      ///< the lifted JSON text (when the last step was a JSON one)
         bool changed = false;  ///< false: the event's own data stands
+        std::shared_ptr<const void> object;   ///< the last typed step's result
+        const upcaster::typed* made_by = nullptr;  ///< the step that returned object (its type, its encoder)
         std::string failure;   ///< why it could not be lifted ("" = it was)
+
+        /// The JSON text of the lifted event (the object's encoded once when a handler needs it).
+        std::string_view json(std::string_view own);
     };
     /// Lifts (type, version, data) through the steps from it; version is the event's schema version.
     lifted lift(std::string_view type, std::uint32_t version, std::string_view data) const;
