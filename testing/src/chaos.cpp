@@ -30,8 +30,9 @@ struct chaos::impl {
             e.body = envelopes[i];
             parse_error err;
             if (!parser.parse(e.body, e.env, err)) {
-                throw std::invalid_argument("chaos: envelope " + std::to_string(i + 1) + " is not a valid CloudEvents envelope (" +
-                                            std::string(to_string(err.why)) + "): " + err.detail);
+                throw std::invalid_argument("chaos: envelope " + std::to_string(i + 1) +
+                                            " is not a valid CloudEvents envelope (" + std::string(to_string(err.why)) +
+                                            "): " + err.detail);
             }
             if (seen.insert(e.env.event_id()).second) events.push_back(std::move(e));
         }
@@ -67,7 +68,9 @@ private:
 
 }  // namespace
 
-chaos::chaos(chaos_options options) : impl_(std::make_unique<impl>()) { impl_->options = std::move(options); }
+chaos::chaos(chaos_options options) : impl_(std::make_unique<impl>()) {
+    impl_->options = std::move(options);
+}
 
 chaos::~chaos() = default;
 

@@ -58,7 +58,8 @@ std::string chaos_report::explain() const {
     }
     const auto& d = *difference;
     std::string out = "chaos: the schedule of seed " + std::to_string(seed) + " (schedule " +
-                      std::to_string(schedules) + ") left a row different from the reference (each event once, in order).\n";
+                      std::to_string(schedules) +
+                      ") left a row different from the reference (each event once, in order).\n";
     out += "Shrunk from " + std::to_string(steps_before) + " steps (" + std::to_string(deliveries_before) +
            " deliveries) to " + std::to_string(steps.size()) + " step(s) (" + std::to_string(deliveries) +
            " deliveries) that still fail:\n";

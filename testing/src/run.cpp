@@ -99,19 +99,24 @@ public:
 
     void deliver(const std::vector<delivery>& batch, const step& s) {
         switch (s.crash) {
-        case crash_kind::none: store_->apply(batch); return;
-        case crash_kind::before_commit:
-            *crash_next_commit_ = true;
-            try {
+            case crash_kind::none:
                 store_->apply(batch);
-            } catch (const simulated_crash&) {
-            }
-            if (*crash_next_commit_) throw std::logic_error("chaos: a batch committed without passing its before-commit hook");
-            break;
-        case crash_kind::after_commit: store_->apply(batch); break;
-        case crash_kind::killed:
-            in_child(s.point, [&](store& child) { child.apply(batch); });
-            break;
+                return;
+            case crash_kind::before_commit:
+                *crash_next_commit_ = true;
+                try {
+                    store_->apply(batch);
+                } catch (const simulated_crash&) {
+                }
+                if (*crash_next_commit_)
+                    throw std::logic_error("chaos: a batch committed without passing its before-commit hook");
+                break;
+            case crash_kind::after_commit:
+                store_->apply(batch);
+                break;
+            case crash_kind::killed:
+                in_child(s.point, [&](store& child) { child.apply(batch); });
+                break;
         }
         // After a crash the consumer restarts and the source redelivers everything unacknowledged.
         reopen();
@@ -179,7 +184,8 @@ void install_all(const run_context& c, store& s) {
 
 }  // namespace
 
-rows_image run_reference(const run_context& c, const std::vector<event>& events, const std::vector<std::size_t>& which) {
+rows_image run_reference(const run_context& c, const std::vector<event>& events,
+                         const std::vector<std::size_t>& which) {
     scratch dir{c.directory};
     store s{base_options(c, dir.path() / "reference")};
     install_all(c, s);
@@ -198,21 +204,26 @@ schedule_rows run_schedule(const run_context& c, const std::vector<event>& event
         live_store live{c, dir.path()};
         for (const auto& s : steps) {
             switch (s.kind) {
-            case step_kind::deliver: {
-                std::vector<delivery> batch;
-                for (const auto& d : s.batch) {
-                    batch.push_back(delivery{body_of(events[d.event], d), {}});
-                    log_out << batch.back().body << '\n';
+                case step_kind::deliver: {
+                    std::vector<delivery> batch;
+                    for (const auto& d : s.batch) {
+                        batch.push_back(delivery{body_of(events[d.event], d), {}});
+                        log_out << batch.back().body << '\n';
+                    }
+                    live.deliver(batch, s);
+                    break;
                 }
-                live.deliver(batch, s);
-                break;
-            }
-            case step_kind::prune: live.prune(s); break;
-            case step_kind::reopen: live.reopen(); break;
+                case step_kind::prune:
+                    live.prune(s);
+                    break;
+                case step_kind::reopen:
+                    live.reopen();
+                    break;
             }
         }
         out.live = live.rows();
-        if (!log_out.flush()) throw std::system_error(errno, std::generic_category(), "chaos: cannot write " + log.string());
+        if (!log_out.flush())
+            throw std::system_error(errno, std::generic_category(), "chaos: cannot write " + log.string());
     }
     if (c.rebuild) {
         rebuild_options o;

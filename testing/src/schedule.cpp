@@ -85,21 +85,27 @@ std::vector<step> generate(std::uint64_t seed, const std::vector<event>& events,
     for (std::size_t k = 0; k < list.size();) {
         const auto n = std::min(list.size() - k, 1 + r.below(r.one_in(3) ? 4 : 2));
         step s;
-        s.batch.assign(list.begin() + static_cast<std::ptrdiff_t>(k), list.begin() + static_cast<std::ptrdiff_t>(k + n));
+        s.batch.assign(list.begin() + static_cast<std::ptrdiff_t>(k),
+                       list.begin() + static_cast<std::ptrdiff_t>(k + n));
         k += n;
         switch (r.below(o.forked_crashes ? 12 : 10)) {
-        case 0: s.crash = crash_kind::before_commit; break;
-        case 1: s.crash = crash_kind::after_commit; break;
-        case 10:
-        case 11:
-            s.crash = crash_kind::killed;
-            {
-                // mid_batch is passed only by batches of two or more.
-                static constexpr std::size_t single[] = {0, 2, 3};
-                s.point = killed_points[s.batch.size() >= 2 ? r.below(4) : single[r.below(3)]];
-            }
-            break;
-        default: break;
+            case 0:
+                s.crash = crash_kind::before_commit;
+                break;
+            case 1:
+                s.crash = crash_kind::after_commit;
+                break;
+            case 10:
+            case 11:
+                s.crash = crash_kind::killed;
+                {
+                    // mid_batch is passed only by batches of two or more.
+                    static constexpr std::size_t single[] = {0, 2, 3};
+                    s.point = killed_points[s.batch.size() >= 2 ? r.below(4) : single[r.below(3)]];
+                }
+                break;
+            default:
+                break;
         }
         steps.push_back(std::move(s));
         if (r.one_in(6)) {
@@ -118,19 +124,20 @@ std::vector<step> generate(std::uint64_t seed, const std::vector<event>& events,
 
 std::string body_of(const event& e, const delivery_step& d) {
     switch (d.kind) {
-    case copy_kind::original:
-    case copy_kind::same_message_id: return e.body;
-    case copy_kind::new_message_id: {
-        auto env = e.env;
-        env.msgid = "chaos-" + env.id + "-m" + std::to_string(d.copy);
-        return env.to_json();
-    }
-    case copy_kind::resent: {
-        auto env = e.env;
-        env.id += "~resent-" + std::to_string(d.copy);
-        env.msgid = "chaos-" + env.id;
-        return env.to_json();
-    }
+        case copy_kind::original:
+        case copy_kind::same_message_id:
+            return e.body;
+        case copy_kind::new_message_id: {
+            auto env = e.env;
+            env.msgid = "chaos-" + env.id + "-m" + std::to_string(d.copy);
+            return env.to_json();
+        }
+        case copy_kind::resent: {
+            auto env = e.env;
+            env.id += "~resent-" + std::to_string(d.copy);
+            env.msgid = "chaos-" + env.id;
+            return env.to_json();
+        }
     }
     return e.body;
 }
@@ -143,10 +150,17 @@ std::string describe(const delivery_step& d, const std::vector<event>& events) {
     if (!env.subject.empty()) out += " " + env.subject;
     if (env.sequence) out += "#" + std::to_string(*env.sequence);
     switch (d.kind) {
-    case copy_kind::original: break;
-    case copy_kind::same_message_id: out += " (again, same message id)"; break;
-    case copy_kind::new_message_id: out += " (again, new message id chaos-" + env.id + "-m" + std::to_string(d.copy) + ")"; break;
-    case copy_kind::resent: out += " (re-sent as new event id " + env.id + "~resent-" + std::to_string(d.copy) + ")"; break;
+        case copy_kind::original:
+            break;
+        case copy_kind::same_message_id:
+            out += " (again, same message id)";
+            break;
+        case copy_kind::new_message_id:
+            out += " (again, new message id chaos-" + env.id + "-m" + std::to_string(d.copy) + ")";
+            break;
+        case copy_kind::resent:
+            out += " (re-sent as new event id " + env.id + "~resent-" + std::to_string(d.copy) + ")";
+            break;
     }
     return out;
 }
@@ -155,20 +169,30 @@ std::string describe(const delivery_step& d, const std::vector<event>& events) {
 
 std::string describe(const step& s, const std::vector<event>& events) {
     switch (s.kind) {
-    case step_kind::prune:
-        return s.crash == crash_kind::killed ? "prune the inbox in a child killed at during_prune; reopen; prune again"
-                                             : "prune the inbox (every id expired)";
-    case step_kind::reopen: return "close and reopen the store";
-    case step_kind::deliver: break;
+        case step_kind::prune:
+            return s.crash == crash_kind::killed
+                       ? "prune the inbox in a child killed at during_prune; reopen; prune again"
+                       : "prune the inbox (every id expired)";
+        case step_kind::reopen:
+            return "close and reopen the store";
+        case step_kind::deliver:
+            break;
     }
     std::string out = "deliver [";
     for (std::size_t i = 0; i < s.batch.size(); ++i) out += (i ? ", " : "") + describe(s.batch[i], events);
     out += "]";
     switch (s.crash) {
-    case crash_kind::none: break;
-    case crash_kind::before_commit: out += " then crash before the commit; reopen; redeliver"; break;
-    case crash_kind::after_commit: out += " then crash after the commit (not acknowledged); reopen; redeliver"; break;
-    case crash_kind::killed: out += " in a child killed (SIGKILL) at " + s.point + "; reopen; redeliver"; break;
+        case crash_kind::none:
+            break;
+        case crash_kind::before_commit:
+            out += " then crash before the commit; reopen; redeliver";
+            break;
+        case crash_kind::after_commit:
+            out += " then crash after the commit (not acknowledged); reopen; redeliver";
+            break;
+        case crash_kind::killed:
+            out += " in a child killed (SIGKILL) at " + s.point + "; reopen; redeliver";
+            break;
     }
     return out;
 }

@@ -49,8 +49,10 @@ public:
                 if (c[s].crash == crash_kind::killed && c[s].point == "mid_batch" && c[s].batch.size() < 2) {
                     c[s].point = "before_commit";
                 }
-                if (!attempt(std::move(c))) ++d;
-                else any = true;
+                if (!attempt(std::move(c)))
+                    ++d;
+                else
+                    any = true;
             }
         }
         return any;

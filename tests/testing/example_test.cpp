@@ -18,9 +18,9 @@ std::vector<std::string> order_lines() {
         for (int line = 1; line <= 3; ++line) {
             const auto id = "order-" + std::to_string(order);
             out.push_back(R"({"specversion":"1.0","id":"line-)" + std::to_string(order) + "-" + std::to_string(line) +
-                          R"(","source":"/orders","type":"order.line_added","subject":")" + id +
-                          R"(","sequence":")" + std::to_string(line) + R"(","data":{"order_id":")" + id +
-                          R"(","amount":)" + std::to_string(100 * line + order) + "}}");
+                          R"(","source":"/orders","type":"order.line_added","subject":")" + id + R"(","sequence":")" +
+                          std::to_string(line) + R"(","data":{"order_id":")" + id + R"(","amount":)" +
+                          std::to_string(100 * line + order) + "}}");
         }
     }
     return out;

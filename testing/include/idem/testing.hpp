@@ -51,25 +51,25 @@ struct chaos_options {
 
 /// The first row where a schedule's store differs from the reference.
 struct chaos_difference {
-    std::string where;       ///< "live store" or "rebuild from the delivered log"
-    std::string projection;  ///< the projection's name
-    std::string key;         ///< the row's aggregate key
+    std::string where;                              ///< "live store" or "rebuild from the delivered log"
+    std::string projection;                         ///< the projection's name
+    std::string key;                                ///< the row's aggregate key
     std::optional<std::uint64_t> expected_version;  ///< the reference's (nullopt: no such row)
     std::optional<std::uint64_t> actual_version;    ///< the schedule's (nullopt: no such row)
-    std::string expected_state;  ///< the reference's state as JSON ("" without a row)
-    std::string actual_state;    ///< the schedule's state as JSON ("" without a row)
+    std::string expected_state;                     ///< the reference's state as JSON ("" without a row)
+    std::string actual_state;                       ///< the schedule's state as JSON ("" without a row)
 };
 
 /// What a chaos run found: ok(), or the seed, the shrunk schedule and the first differing row.
 struct chaos_report {
-    std::size_t events = 0;        ///< distinct events given
-    std::size_t schedules = 0;     ///< schedules run (up to and including a failing one)
-    std::uint64_t seed = 0;        ///< the failing schedule's seed
-    std::size_t steps_before = 0;  ///< the failing schedule's steps before shrinking
-    std::size_t deliveries_before = 0;  ///< ... and its deliveries
-    std::vector<std::string> steps{};   ///< the shrunk schedule, one readable step each
-    std::size_t deliveries = 0;         ///< deliveries in the shrunk schedule
-    bool confirmed = false;             ///< the shrunk schedule failed again when run once more
+    std::size_t events = 0;                        ///< distinct events given
+    std::size_t schedules = 0;                     ///< schedules run (up to and including a failing one)
+    std::uint64_t seed = 0;                        ///< the failing schedule's seed
+    std::size_t steps_before = 0;                  ///< the failing schedule's steps before shrinking
+    std::size_t deliveries_before = 0;             ///< ... and its deliveries
+    std::vector<std::string> steps{};              ///< the shrunk schedule, one readable step each
+    std::size_t deliveries = 0;                    ///< deliveries in the shrunk schedule
+    bool confirmed = false;                        ///< the shrunk schedule failed again when run once more
     std::optional<chaos_difference> difference{};  ///< set when a schedule failed
 
     /// Returns whether every schedule matched the reference.
