@@ -109,18 +109,20 @@ chaos_report chaos::run(std::span<const std::string> envelopes) const {
         if (it == references.end()) it = references.emplace(which, detail::run_reference(context, events, which)).first;
         return it->second;
     };
+    chaos_report report;
+    report.events = events.size();
+    bool shrinking = false;
     // A schedule fails if its live store or its rebuild differs from the reference of the
     // events it delivers (a shrunk schedule may deliver fewer of them).
     const detail::failure_test fails = [&](const std::vector<detail::step>& steps) -> std::optional<chaos_difference> {
         const auto& expected = reference(detail::events_of(steps));
         const auto got = detail::run_schedule(context, events, steps);
+        if (!shrinking) report.kills += got.kills;
         if (auto d = detail::first_difference(expected, got.live, "live store")) return d;
         if (got.rebuilt) return detail::first_difference(expected, *got.rebuilt, "rebuild from the delivered log");
         return std::nullopt;
     };
 
-    chaos_report report;
-    report.events = events.size();
     for (std::size_t i = 0; i < o.schedules; ++i) {
         const auto seed = o.seed + i;
         auto steps = detail::generate(seed, events, {o.resends, o.forked_crashes});
@@ -130,6 +132,7 @@ chaos_report chaos::run(std::span<const std::string> envelopes) const {
         report.seed = seed;
         report.steps_before = steps.size();
         report.deliveries_before = detail::deliveries(steps);
+        shrinking = true;
         auto small = detail::shrink(std::move(steps), std::move(*d), fails, o.max_shrink_runs);
         for (const auto& s : small.steps) report.steps.push_back(detail::describe(s, events));
         report.deliveries = detail::deliveries(small.steps);

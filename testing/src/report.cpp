@@ -54,7 +54,9 @@ std::string row_text(const std::optional<std::uint64_t>& version, const std::str
 std::string chaos_report::explain() const {
     if (ok()) {
         return "chaos: " + std::to_string(schedules) + " schedule(s) over " + std::to_string(events) +
-               " event(s) matched the reference (each event once, in order): every row's state and version\n";
+               " event(s) matched the reference (each event once, in order): every row's state and version" +
+               (kills > 0 ? " (" + std::to_string(kills) + " forked children killed at crash points)" : std::string()) +
+               "\n";
     }
     const auto& d = *difference;
     std::string out = "chaos: the schedule of seed " + std::to_string(seed) + " (schedule " +

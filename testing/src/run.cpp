@@ -137,6 +137,7 @@ public:
     }
 
     rows_image rows() const { return read_rows(store_->read(), c_); }
+    std::size_t kills() const noexcept { return kills_; }
 
 private:
     // Runs fn over the store in a forked child armed to be killed at point; the child may
@@ -163,6 +164,7 @@ private:
             if (errno != EINTR) throw std::system_error(errno, std::generic_category(), "chaos: waitpid");
         }
         const bool killed = WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
+        if (killed) ++kills_;
         const bool finished = WIFEXITED(status) && WEXITSTATUS(status) == 0;
         if (!killed && !finished) {
             throw std::runtime_error("chaos: the child run to be killed at " + point + " failed (status " +
@@ -176,6 +178,7 @@ private:
     std::shared_ptr<std::uint64_t> clock_ = std::make_shared<std::uint64_t>(1'700'000'000'000'000'000ULL);
     std::shared_ptr<bool> crash_next_commit_ = std::make_shared<bool>(false);
     std::unique_ptr<store> store_;
+    std::size_t kills_ = 0;
 };
 
 void install_all(const run_context& c, store& s) {
@@ -222,6 +225,7 @@ schedule_rows run_schedule(const run_context& c, const std::vector<event>& event
             }
         }
         out.live = live.rows();
+        out.kills = live.kills();
         if (!log_out.flush())
             throw std::system_error(errno, std::generic_category(), "chaos: cannot write " + log.string());
     }

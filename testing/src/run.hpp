@@ -45,6 +45,7 @@ rows_image run_reference(const run_context& c, const std::vector<event>& events,
 struct schedule_rows {
     rows_image live;
     std::optional<rows_image> rebuilt;  ///< set when c.rebuild
+    std::size_t kills = 0;              ///< forked children killed at their crash point
 };
 
 /// Runs steps against a fresh store (and rebuilds its delivered log); throws what the store throws.

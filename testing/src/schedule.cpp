@@ -171,7 +171,7 @@ std::string describe(const step& s, const std::vector<event>& events) {
     switch (s.kind) {
         case step_kind::prune:
             return s.crash == crash_kind::killed
-                       ? "prune the inbox in a child killed at during_prune; reopen; prune again"
+                       ? "prune the inbox in a child killed (SIGKILL) at during_prune; reopen; prune again"
                        : "prune the inbox (every id expired)";
         case step_kind::reopen:
             return "close and reopen the store";

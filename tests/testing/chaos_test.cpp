@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -276,14 +277,25 @@ TEST_SUITE("chaos kit") {
         o.schedules = 30;
         auto r = run(line_totals(), lines(), o);
         CHECK_MESSAGE(r.ok(), r.explain());
-        // And the schedules did kill children: the seeds' schedules name the points.
+        // The schedules name kills at every point, and each of those children died by SIGKILL
+        // at its point (a child whose point is not reached would finish instead).
         idem::testing::chaos kit{o};
         kit.add(line_totals());
-        std::size_t kills = 0;
+        std::size_t planned = 0;
+        std::set<std::string> points;
         for (std::uint64_t seed = 1; seed <= 30; ++seed) {
-            for (const auto& s : kit.schedule(lines(), seed)) kills += s.find("killed (SIGKILL)") != std::string::npos;
+            for (const auto& s : kit.schedule(lines(), seed)) {
+                const auto at = s.find("killed (SIGKILL) at ");
+                if (at == std::string::npos) continue;
+                ++planned;
+                points.insert(s.substr(at + 20, s.find(';', at) - at - 20));
+            }
         }
-        CHECK(kills >= 10);
+        MESSAGE(planned << " kills planned, " << r.kills << " children killed");
+        CHECK(planned >= 10);
+        CHECK(r.kills == planned);
+        CHECK(points ==
+              std::set<std::string>{"after_decode", "mid_batch", "before_commit", "after_commit", "during_prune"});
     }
 
     TEST_CASE("the same seed gives the same schedule") {

@@ -62,8 +62,10 @@ struct chaos_difference {
 
 /// What a chaos run found: ok(), or the seed, the shrunk schedule and the first differing row.
 struct chaos_report {
-    std::size_t events = 0;                        ///< distinct events given
-    std::size_t schedules = 0;                     ///< schedules run (up to and including a failing one)
+    std::size_t events = 0;     ///< distinct events given
+    std::size_t schedules = 0;  ///< schedules run (up to and including a failing one)
+    std::size_t kills =
+        0;  ///< forked children killed with SIGKILL at a crash point (forked_crashes; not while shrinking)
     std::uint64_t seed = 0;                        ///< the failing schedule's seed
     std::size_t steps_before = 0;                  ///< the failing schedule's steps before shrinking
     std::size_t deliveries_before = 0;             ///< ... and its deliveries
