@@ -14,7 +14,7 @@ namespace {
 
 struct armed_point {
     std::string name;
-    std::uint64_t nth = 0;  // 0: not armed
+    std::atomic<std::uint64_t> nth{0};  // 0: not armed
     std::atomic<std::uint64_t> hits{0};
 
     armed_point() {
@@ -40,12 +40,20 @@ armed_point& point() {
 
 }  // namespace
 
-bool crash_points_armed() noexcept { return point().nth != 0; }
+bool crash_points_armed() noexcept { return point().nth.load(std::memory_order_relaxed) != 0; }
+
+void arm_crash_point(std::string_view name, std::uint64_t nth) {
+    auto& p = point();
+    p.nth.store(0, std::memory_order_relaxed);
+    p.name = std::string(name);
+    p.hits.store(0, std::memory_order_relaxed);
+    p.nth.store(nth, std::memory_order_relaxed);
+}
 
 void crash_point_hit(std::string_view name) noexcept {
     auto& p = point();
     if (name != p.name) return;
-    if (p.hits.fetch_add(1, std::memory_order_relaxed) + 1 == p.nth) {
+    if (p.hits.fetch_add(1, std::memory_order_relaxed) + 1 == p.nth.load(std::memory_order_relaxed)) {
         ::kill(::getpid(), SIGKILL);
         ::_exit(137);  // not reached
     }

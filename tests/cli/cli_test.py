@@ -93,7 +93,7 @@ class cli_case(unittest.TestCase):
 
 
 class usage_test(cli_case):
-    COMMANDS = ["rebuild", "consume", "get", "dump", "stats", "deadletters", "verify", "convert", "gen"]
+    COMMANDS = ["rebuild", "consume", "get", "dump", "stats", "deadletters", "verify", "chaos", "convert", "gen"]
 
     def test_every_command_has_help(self):
         top = run("--help")
@@ -122,6 +122,25 @@ class usage_test(cli_case):
         p = run("stats", "--db", self.path("nowhere"), check=False)
         self.assertEqual(p.returncode, 2)
         self.assertIn("nowhere", p.stderr)
+
+
+class chaos_test(cli_case):
+    def test_chaos_passes_the_example_projections_and_names_bad_input(self):
+        for domain in ("orders", "trading", "game"):
+            self.gen(domain + ".jsonl", domain=domain, events=15, aggregates=3, malformed=0)
+            r = run("chaos", "--log", self.path(domain + ".jsonl"), "--schedules", 10, "--seed", 5)
+            self.assertIn("10 schedule(s) over 15 event(s) matched the reference", r.stdout, domain)
+        r = run("chaos", "--log", self.path("orders.jsonl"), "--schedules", 3, "--fork")
+        self.assertIn("3 schedule(s)", r.stdout)
+        bad = self.path("bad.jsonl")
+        with open(bad, "w") as f:
+            f.write('{"specversion":"1.0","source":"/x","type":"order.line_added"}\n')
+        r = run("chaos", "--log", bad, check=False)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("bad.jsonl: envelope 1 is not a valid CloudEvents envelope (missing_id)", r.stderr)
+        r = run("chaos", "--log", self.path("absent.jsonl"), check=False)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("absent.jsonl", r.stderr)
 
 
 class rebuild_test(cli_case):

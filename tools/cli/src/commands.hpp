@@ -22,6 +22,7 @@ struct tool_context {
     std::vector<std::shared_ptr<const projection_base>> projections;
     std::function<store_options(const std::filesystem::path&)> store_for;  ///< a store's options at db
     std::function<void(store&)> setup;                                      ///< adds the projections
+    std::vector<std::function<void(store&)>> installers;  ///< adds projections[i] (a copy of it)
 
     /// Returns the projection called n; throws usage_error listing the tool's projections.
     const projection_base& projection_named(const std::string& n) const;
@@ -44,6 +45,8 @@ std::vector<command> read_commands(context_fn t);
 command deadletters_command(context_fn t);
 /// `verify` (verify.cpp).
 command verify_command(context_fn t);
+/// `chaos` (chaos.cpp).
+command chaos_command(context_fn t);
 /// `prune` (prune.cpp).
 command prune_command(context_fn t);
 /// `why` (why.cpp).

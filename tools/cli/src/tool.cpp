@@ -61,6 +61,7 @@ struct tool::impl {
         t.consumer = consumer;
         t.projections = projections;
         t.store_for = [this](const std::filesystem::path& db) { return store_for(db); };
+        t.installers = installers;
         t.setup = [this](store& s) {
             for (const auto& install : installers) install(s);
         };
@@ -76,6 +77,7 @@ struct tool::impl {
         add(detail::read_commands(t));
         commands.push_back(detail::deadletters_command(t));
         commands.push_back(detail::verify_command(t));
+        commands.push_back(detail::chaos_command(t));
         commands.push_back(detail::prune_command(t));
         commands.push_back(detail::why_command(t));
         commands.push_back(detail::convert_command());

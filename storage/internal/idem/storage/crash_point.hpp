@@ -3,8 +3,9 @@
 // Named crash points: places in the apply path where a test can have the process killed
 // (SIGKILL, as a power cut or the OOM killer would) on the Nth time it passes there.
 //
-// A point is armed only by the environment variable IDEM_CRASH_AT=<name>:<N> (for
-// example IDEM_CRASH_AT=before_commit:3), read once per process; unarmed, a point costs
+// A point is armed by the environment variable IDEM_CRASH_AT=<name>:<N> (for example
+// IDEM_CRASH_AT=before_commit:3), read once per process, or by arm_crash_point() in a
+// forked child (the chaos test kit); unarmed, a point costs
 // one predictable branch. Every build has them, so a crash test drives the binaries a
 // user runs, not a special build.
 //
@@ -21,6 +22,7 @@
 //   during_create      a new data file is complete beside the store, not yet renamed in
 //   after_rotated_log  a rotated log's old file is committed as finished, its new file not yet begun
 
+#include <cstdint>
 #include <string_view>
 
 namespace idem {
@@ -30,6 +32,9 @@ namespace detail {
 bool crash_points_armed() noexcept;
 /// Counts a hit of name and kills the process if it is the armed point's Nth.
 void crash_point_hit(std::string_view name) noexcept;
+/// Arms name at its Nth hit from now on, replacing what IDEM_CRASH_AT armed (a forked child
+/// that is to die at a point: <idem/testing.hpp>). Not thread-safe: call it before other threads pass points.
+void arm_crash_point(std::string_view name, std::uint64_t nth);
 }  // namespace detail
 
 /// Passes the named crash point: kills the process with SIGKILL if IDEM_CRASH_AT names it

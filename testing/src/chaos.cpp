@@ -1,0 +1,146 @@
+// The kit's entry point: parses the envelopes, runs the reference and the seeded schedules,
+// and shrinks the first failure into the report.
+
+#include <idem/testing.hpp>
+
+#include "report.hpp"
+#include "run.hpp"
+#include "schedule.hpp"
+#include "shrink.hpp"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <map>
+#include <set>
+#include <stdexcept>
+
+namespace idem::testing {
+
+struct chaos::impl {
+    chaos_options options;
+    detail::run_context context;
+
+    std::vector<detail::event> parse(std::span<const std::string> envelopes) const {
+        envelope_parser parser;
+        std::vector<detail::event> events;
+        std::set<std::string> seen;
+        for (std::size_t i = 0; i < envelopes.size(); ++i) {
+            detail::event e;
+            e.body = envelopes[i];
+            parse_error err;
+            if (!parser.parse(e.body, e.env, err)) {
+                throw std::invalid_argument("chaos: envelope " + std::to_string(i + 1) +
+                                            " is not a valid CloudEvents envelope (" + std::string(to_string(err.why)) +
+                                            "): " + err.detail);
+            }
+            if (seen.insert(e.env.event_id()).second) events.push_back(std::move(e));
+        }
+        if (events.empty()) throw std::invalid_argument("chaos: no envelopes to run");
+        if (context.installers.empty()) throw std::invalid_argument("chaos: no projections added");
+        return events;
+    }
+};
+
+namespace {
+
+/// The run's working directory, removed with its contents at the end.
+class work_dir {
+public:
+    explicit work_dir(const std::filesystem::path& parent) {
+        static std::atomic<unsigned> counter{0};
+        const auto base = parent.empty() ? std::filesystem::temp_directory_path() : parent;
+        path_ = base / ("idem-chaos-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
+        std::filesystem::remove_all(path_);
+        std::filesystem::create_directories(path_);
+    }
+    ~work_dir() {
+        std::error_code ec;
+        std::filesystem::remove_all(path_, ec);
+    }
+    work_dir(const work_dir&) = delete;
+    work_dir& operator=(const work_dir&) = delete;
+    const std::filesystem::path& path() const noexcept { return path_; }
+
+private:
+    std::filesystem::path path_;
+};
+
+}  // namespace
+
+chaos::chaos(chaos_options options) : impl_(std::make_unique<impl>()) {
+    impl_->options = std::move(options);
+}
+
+chaos::~chaos() = default;
+
+chaos& chaos::add_projection(std::shared_ptr<const projection_base> prototype, std::function<void(store&)> install) {
+    impl_->context.projections.push_back(std::move(prototype));
+    impl_->context.installers.push_back(std::move(install));
+    return *this;
+}
+
+chaos& chaos::configure(std::function<void(store_options&)> fn) {
+    impl_->context.configure = std::move(fn);
+    return *this;
+}
+
+std::vector<std::string> chaos::schedule(std::span<const std::string> envelopes, std::uint64_t seed) const {
+    const auto events = impl_->parse(envelopes);
+    const auto& o = impl_->options;
+    std::vector<std::string> out;
+    for (const auto& s : detail::generate(seed, events, {o.resends, o.forked_crashes})) {
+        out.push_back(detail::describe(s, events));
+    }
+    return out;
+}
+
+chaos_report chaos::run(std::span<const std::string> envelopes) const {
+    const auto events = impl_->parse(envelopes);
+    const auto& o = impl_->options;
+    work_dir dir{o.directory};
+    auto context = impl_->context;
+    context.directory = dir.path();
+    context.rebuild = o.rebuild;
+
+    std::map<std::vector<std::size_t>, detail::rows_image> references;
+    auto reference = [&](const std::vector<std::size_t>& which) -> const detail::rows_image& {
+        auto it = references.find(which);
+        if (it == references.end()) it = references.emplace(which, detail::run_reference(context, events, which)).first;
+        return it->second;
+    };
+    chaos_report report;
+    report.events = events.size();
+    bool shrinking = false;
+    // A schedule fails if its live store or its rebuild differs from the reference of the
+    // events it delivers (a shrunk schedule may deliver fewer of them).
+    const detail::failure_test fails = [&](const std::vector<detail::step>& steps) -> std::optional<chaos_difference> {
+        const auto& expected = reference(detail::events_of(steps));
+        const auto got = detail::run_schedule(context, events, steps);
+        if (!shrinking) report.kills += got.kills;
+        if (auto d = detail::first_difference(expected, got.live, "live store")) return d;
+        if (got.rebuilt) return detail::first_difference(expected, *got.rebuilt, "rebuild from the delivered log");
+        return std::nullopt;
+    };
+
+    for (std::size_t i = 0; i < o.schedules; ++i) {
+        const auto seed = o.seed + i;
+        auto steps = detail::generate(seed, events, {o.resends, o.forked_crashes});
+        report.schedules = i + 1;
+        auto d = fails(steps);
+        if (!d) continue;
+        report.seed = seed;
+        report.steps_before = steps.size();
+        report.deliveries_before = detail::deliveries(steps);
+        shrinking = true;
+        auto small = detail::shrink(std::move(steps), std::move(*d), fails, o.max_shrink_runs);
+        for (const auto& s : small.steps) report.steps.push_back(detail::describe(s, events));
+        report.deliveries = detail::deliveries(small.steps);
+        report.confirmed = fails(small.steps).has_value();
+        report.difference = std::move(small.difference);
+        return report;
+    }
+    return report;
+}
+
+}  // namespace idem::testing

@@ -1,0 +1,65 @@
+// `chaos` runs the tool's projections over a log's events through the chaos test kit
+// (<idem/testing.hpp>): exit 0 when every schedule matched the reference, 1 with the shrunk
+// schedule and the first differing row when one did not.
+
+#include "commands.hpp"
+#include "options.hpp"
+
+#include <idem/storage/event_log.hpp>
+#include <idem/testing.hpp>
+
+#include <cstdio>
+#include <stdexcept>
+
+namespace idem::cli::detail {
+
+namespace {
+
+int chaos(const tool_context& t, const arguments& a) {
+    const auto& log = a.required("log");
+    testing::chaos_options o;
+    o.schedules = a.positive("schedules", o.schedules);
+    o.seed = a.number("seed", o.seed);
+    o.resends = !a.flag("no-resends");
+    o.forked_crashes = a.flag("fork");
+    testing::chaos kit{o};
+    for (std::size_t i = 0; i < t.projections.size(); ++i) kit.add_projection(t.projections[i], t.installers[i]);
+    auto store_for = t.store_for;
+    kit.configure([store_for](store_options& so) { so = store_for(so.path); });
+
+    // Envelope N of the kit's messages is the log's record N.
+    std::vector<std::string> envelopes;
+    log_reader reader{log};
+    log_record r;
+    while (reader.next(r)) envelopes.emplace_back(r.body);
+    if (reader.torn_tail()) throw std::runtime_error(log + ": " + reader.torn_detail());
+    testing::chaos_report report;
+    try {
+        report = kit.run(envelopes);
+    } catch (const std::invalid_argument& e) {
+        std::string_view what = e.what();
+        if (what.starts_with("chaos: ")) what.remove_prefix(7);
+        throw usage_error(log + ": " + std::string(what));
+    }
+    std::fputs(report.explain().c_str(), stdout);
+    std::fflush(stdout);
+    return report.ok() ? 0 : 1;
+}
+
+}  // namespace
+
+command chaos_command(context_fn t) {
+    return command{
+        "chaos",
+        "run the projections over a log's events through seeded schedules of duplicates, re-sends, reordering, "
+        "crashes and inbox pruning; exit 1 with a shrunk failing schedule and the first row that differs from "
+        "applying each event once",
+        {{"log", "FILE", "the events (JSON Lines or binary); each distinct event id counts once", true, false},
+         {"schedules", "N", "number of schedules (default 100)"},
+         {"seed", "S", "seed of the first schedule (default 1; schedule i uses S + i)"},
+         {"fork", "", "also kill forked children with SIGKILL at the store's crash points"},
+         {"no-resends", "", "never re-send an event under a new event id (sources that keep ids stable)"}},
+        [t](const arguments& a) { return chaos(t(), a); }};
+}
+
+}  // namespace idem::cli::detail
