@@ -311,6 +311,48 @@ class limit_tests(serve_case):
         self.assertEqual(s.request("GET", "/healthz")[0], 200)
         self.assertGreaterEqual(s.metric("idem_http_timeouts_total"), 1)
 
+    def test_connections_past_the_limit_are_refused(self):
+        s = self.start("--max-connections", 2)
+        held = [socket.create_connection(("127.0.0.1", s.port)) for _ in range(2)]
+        time.sleep(0.2)  # the server has accepted both
+        extra = socket.create_connection(("127.0.0.1", s.port))
+        extra.settimeout(5)
+        try:
+            self.assertEqual(extra.recv(1), b"")  # closed at once, without a word
+        except ConnectionResetError:
+            pass
+        extra.close()
+        for c in held:
+            c.close()
+        time.sleep(0.2)
+        self.assertEqual(s.request("GET", "/healthz")[0], 200)
+        self.assertGreaterEqual(s.metric("idem_http_refused_connections_total"), 1)
+
+    def test_past_the_in_flight_limit_requests_are_503_with_retry_after_and_not_applied(self):
+        s = self.start("--max-in-flight", 1)
+        answers = []
+        lock = threading.Lock()
+
+        def sender(n):
+            for i in range(15):
+                eid = f"f-{n}-{i}"
+                status, hdrs, _ = s.post(event(eid, eid, 1))
+                with lock:
+                    answers.append((eid, status, hdrs.get("Retry-After")))
+
+        threads = [threading.Thread(target=sender, args=(n,)) for n in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        refused = [a for a in answers if a[1] == 503]
+        self.assertTrue(refused, "8 concurrent senders never met the limit of 1")
+        self.assertTrue(all(r == "1" for _, _, r in refused))
+        self.assertEqual({a[1] for a in answers}, {200, 503})
+        self.assertEqual(s.stop(), 0)
+        rows = dump(self.db)
+        self.assertEqual(sorted(rows), sorted(e for e, st, _ in answers if st == 200))
+
 
 class stop_tests(serve_case):
     def test_sigterm_answers_what_is_in_flight_and_every_200_is_stored(self):
