@@ -192,6 +192,7 @@ class cloudevents_tests(serve_case):
             self.assertEqual(out["outcomes"][0]["reason"], "invalid_json")
         self.assertEqual(answers[0][2]["outcomes"][0]["reason"], answers[1][2]["outcomes"][0]["reason"])
         self.assertEqual(self.dead_letters(s), 2)
+        self.assertEqual(s.metric("idem_dead_letters_total"), 2)  # the store's durable counter
         status, _, out = s.post({"specversion": "1.0", "id": "m-1", "source": "/orders", "type": "order.line_added",
                                  "data": {"order_id": "o-m", "amount": "not a number"}})
         self.assertEqual(status, 400, out)
@@ -206,6 +207,9 @@ class cloudevents_tests(serve_case):
         text = text.decode()
         self.assertIn("idem_http_answers_total", text)
         self.assertIn("idem_batch_size", text)
+        self.assertIn("idem_commit_seconds", text)
+        self.assertIn("idem_ack_seconds", text)
+        self.assertEqual(s.metric("idem_inbox_size"), 1)
         self.assertEqual(self.deliveries(s), 1)
         self.assertEqual(s.request("GET", "/nowhere")[0], 404)
         self.assertEqual(s.request("PUT", "/events", "{}")[0], 405)

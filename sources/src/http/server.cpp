@@ -371,6 +371,24 @@ std::string server::impl::metrics() const {
     out += "# HELP idem_http_in_flight Events submitted over HTTP and not yet answered.\n"
            "# TYPE idem_http_in_flight gauge\n";
     out += "idem_http_in_flight " + std::to_string(in_flight.load()) + "\n";
+    // The store's own figures (kept across restarts, unlike the engine's counters): a
+    // snapshot's table entry counts, cheap.
+    auto snap = eng.read();
+    auto consumer = snap.consumer(eng.options().store.consumer);
+    const auto durable = consumer.stats();
+    out += "# HELP idem_inbox_size Message ids in the consumer's inbox.\n# TYPE idem_inbox_size gauge\n";
+    out += "idem_inbox_size " + std::to_string(consumer.inbox_size()) + "\n";
+    out += "# HELP idem_dead_letters_total Events dead-lettered, ever (the store's durable counter).\n"
+           "# TYPE idem_dead_letters_total counter\n";
+    out += "idem_dead_letters_total " +
+           std::to_string(durable.outcomes[static_cast<std::size_t>(outcome_kind::dead_lettered)]) + "\n";
+    out += "# HELP idem_parked Events parked until their stream's gap fills.\n# TYPE idem_parked gauge\n";
+    out += "idem_parked " + std::to_string(consumer.parked()) + "\n";
+    // Lag of an HTTP source: what is accepted and not yet durable (commits and events).
+    out += "# HELP idem_commit_lag Commits made and not yet known durable.\n# TYPE idem_commit_lag gauge\n";
+    const auto last = snap.commit();
+    const auto dur = eng.durable_commit();
+    out += "idem_commit_lag " + std::to_string(last > dur ? last - dur : 0) + "\n";
     return out;
 }
 
