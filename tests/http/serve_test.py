@@ -17,6 +17,7 @@ import re
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -45,8 +46,13 @@ class server:
             raise AssertionError("idem serve did not start: " + self.proc.stderr.read().decode())
         self.port = int(json.loads(line)["listening"].rsplit(":", 1)[1])
 
+    tls = None  # an ssl.SSLContext: speak HTTPS
+
     def request(self, method, path, body=None, headers=None, timeout=30):
-        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        if self.tls:
+            c = http.client.HTTPSConnection("127.0.0.1", self.port, timeout=timeout, context=self.tls)
+        else:
+            c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
         try:
             if isinstance(body, (dict, list)):
                 body = json.dumps(body)
@@ -356,6 +362,32 @@ class limit_tests(serve_case):
         self.assertEqual(s.stop(), 0)
         rows = dump(self.db)
         self.assertEqual(sorted(rows), sorted(e for e, st, _ in answers if st == 200))
+
+
+class tls_tests(serve_case):
+    def test_https_serves_the_same_answers_and_a_plain_client_gets_none(self):
+        cert, key = os.path.join(self.dir, "cert.pem"), os.path.join(self.dir, "key.pem")
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert,
+                        "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                       check=True, capture_output=True, timeout=60)
+        s = self.start("--tls-cert", cert, "--tls-key", key)
+        s.tls = ssl.create_default_context(cafile=cert)  # verifies the chain and the IP
+        status, _, out = s.post(event("tls-1", "o-tls", 4))
+        self.assertEqual(status, 200, out)
+        self.assertEqual(out["outcomes"][0]["outcome"], "applied")
+        self.assertEqual(s.post(event("tls-1", "o-tls", 4))[2]["outcomes"][0]["outcome"], "duplicate_message")
+        self.assertEqual(s.row("o-tls")[1]["state"]["total"], 4)
+        s.tls = None
+        with self.assertRaises((http.client.HTTPException, OSError)):
+            s.request("GET", "/healthz", timeout=5)
+        self.assertEqual(s.stop(), 0)
+
+    def test_missing_tls_files_are_refused_naming_them(self):
+        p = subprocess.run([IDEM, "serve", "--db", self.db, "--listen", "127.0.0.1:0", "--tls-cert",
+                            os.path.join(self.dir, "none.pem"), "--tls-key", os.path.join(self.dir, "none.pem")],
+                           capture_output=True, timeout=30)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("none.pem", p.stderr.decode())
 
 
 class stop_tests(serve_case):

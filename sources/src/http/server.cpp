@@ -14,6 +14,7 @@
 #include <boost/asio/bind_executor.hpp>
 #include <boost/asio/dispatch.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/asio/ssl/context.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
@@ -23,9 +24,12 @@
 #include <boost/beast/http/read.hpp>
 #include <boost/beast/http/string_body.hpp>
 #include <boost/beast/http/write.hpp>
+#include <boost/beast/ssl/ssl_stream.hpp>
 
 #include <atomic>
 #include <charconv>
+#include <optional>
+#include <type_traits>
 #include <unordered_map>
 
 namespace idem::http {
@@ -37,7 +41,14 @@ using tcp = asio::ip::tcp;
 
 namespace {
 
-class session;
+// A connection as the server sees it (plain or TLS): told to stop when the server stops.
+class connection {
+public:
+    virtual ~connection() = default;
+    virtual void stop() = 0;
+};
+
+using tls_stream = beast::ssl_stream<beast::tcp_stream>;
 
 enum answer_class : std::size_t { ok_2xx, bad_400, unauthorized_401, too_large, not_found, unavailable };
 
@@ -70,7 +81,8 @@ struct server::impl : std::enable_shared_from_this<impl> {
     // On the strand.
     bool stopping = false;
     std::uint64_t next_session = 0;
-    std::unordered_map<std::uint64_t, std::weak_ptr<session>> sessions;
+    std::unordered_map<std::uint64_t, std::weak_ptr<connection>> sessions;
+    std::optional<asio::ssl::context> tls;
     std::vector<std::pair<asio::any_completion_handler<void(std::error_code)>, asio::any_io_executor>> stopped;
 
     // Read by stats() from any thread.
@@ -88,16 +100,35 @@ struct server::impl : std::enable_shared_from_this<impl> {
 
 namespace {
 
-class session : public std::enable_shared_from_this<session> {
-public:
-    session(std::shared_ptr<server::impl> srv, tcp::socket socket, std::uint64_t id)
-        : srv_(std::move(srv)), stream_(std::move(socket)), id_(id) {}
-    ~session() { srv_->closed(id_); }
+// One connection; Stream is beast::tcp_stream or tls_stream.
+template <class Stream>
+class session : public connection, public std::enable_shared_from_this<session<Stream>> {
+    static constexpr bool is_tls = std::is_same_v<Stream, tls_stream>;
 
-    void start() { read(); }
+public:
+    template <class... StreamArgs>
+    session(std::shared_ptr<server::impl> srv, std::uint64_t id, StreamArgs&&... args)
+        : srv_(std::move(srv)), stream_(std::forward<StreamArgs>(args)...), id_(id) {}
+    ~session() override { srv_->closed(id_); }
+
+    void start() {
+        if constexpr (is_tls) {
+            // The handshake shares the request's deadline: a client that never finishes it is cut off too.
+            lowest().expires_after(srv_->o.read_timeout);
+            stream_.async_handshake(asio::ssl::stream_base::server, [self = this->shared_from_this()](beast::error_code ec) {
+                if (ec) {
+                    if (ec == beast::error::timeout) ++self->srv_->timeouts;
+                    return self->close();
+                }
+                self->read();
+            });
+        } else {
+            read();
+        }
+    }
 
     // Stopping: an idle connection is closed now, a busy one after its answer.
-    void stop() {
+    void stop() override {
         if (!busy_) close();
     }
 
@@ -108,9 +139,9 @@ private:
         parser_.emplace();
         parser_->body_limit(srv_->o.max_body);
         parser_->header_limit(static_cast<std::uint32_t>(srv_->o.max_header));
-        stream_.expires_after(answered_ ? srv_->o.idle_timeout : srv_->o.read_timeout);
+        lowest().expires_after(answered_ ? srv_->o.idle_timeout : srv_->o.read_timeout);
         bhttp::async_read(stream_, buffer_, *parser_,
-                          [self = shared_from_this()](beast::error_code ec, std::size_t) { self->on_read(ec); });
+                          [self = this->shared_from_this()](beast::error_code ec, std::size_t) { self->on_read(ec); });
     }
 
     void on_read(beast::error_code ec) {
@@ -187,7 +218,7 @@ private:
         pending_ = n;
         for (std::size_t i = 0; i < n; ++i) {
             srv_->eng.async_apply(std::move(in.deliveries[i]),
-                                  asio::bind_executor(srv_->strand, [self = shared_from_this(), i](std::error_code ec,
+                                  asio::bind_executor(srv_->strand, [self = this->shared_from_this(), i](std::error_code ec,
                                                                                                     outcome out) {
                                       self->on_applied(i, ec, std::move(out));
                                   }));
@@ -243,7 +274,7 @@ private:
                 return unavailable("commit " + std::to_string(min_commit) + " is not durable yet");
             }
             timer_.emplace(srv_->strand, std::chrono::milliseconds(5));
-            timer_->async_wait([self = shared_from_this(), p, key = std::move(key), min_commit,
+            timer_->async_wait([self = this->shared_from_this(), p, key = std::move(key), min_commit,
                                 deadline](beast::error_code ec) mutable {
                 if (ec) return self->close();
                 self->wait_then_read(p, std::move(key), min_commit, deadline);
@@ -269,8 +300,8 @@ private:
         r.prepare_payload();
         ++srv_->answers[class_of(r.result_int())];
         res_ = std::move(r);
-        stream_.expires_after(srv_->o.read_timeout);
-        bhttp::async_write(stream_, res_, [self = shared_from_this()](beast::error_code ec, std::size_t) {
+        lowest().expires_after(srv_->o.read_timeout);
+        bhttp::async_write(stream_, res_, [self = this->shared_from_this()](beast::error_code ec, std::size_t) {
             self->busy_ = false;
             self->answered_ = true;
             if (ec) return self->close();
@@ -279,17 +310,22 @@ private:
         });
     }
 
+    beast::tcp_stream& lowest() { return beast::get_lowest_layer(stream_); }
+
     // Closes after the client has read the answer: closing a socket with unread request bytes
     // (a 413's body) resets the connection, and the client may lose the answer with it.
     void linger() {
+        if constexpr (is_tls) {
+            return close();  // no half-close under TLS: the answer is written, the client has it in flight
+        }
         beast::error_code ignored;
-        stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
-        stream_.expires_after(std::chrono::seconds(2));
+        lowest().socket().shutdown(tcp::socket::shutdown_send, ignored);
+        lowest().expires_after(std::chrono::seconds(2));
         drain_.resize(16 << 10);
         drain_more();
     }
     void drain_more() {
-        stream_.async_read_some(asio::buffer(drain_), [self = shared_from_this()](beast::error_code ec, std::size_t) {
+        lowest().async_read_some(asio::buffer(drain_), [self = this->shared_from_this()](beast::error_code ec, std::size_t) {
             if (ec) return self->close();
             self->drain_more();
         });
@@ -297,12 +333,12 @@ private:
 
     void close() {
         beast::error_code ignored;
-        stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
-        stream_.socket().close(ignored);
+        lowest().socket().shutdown(tcp::socket::shutdown_both, ignored);
+        lowest().socket().close(ignored);
     }
 
     std::shared_ptr<server::impl> srv_;
-    beast::tcp_stream stream_;
+    Stream stream_;
     std::uint64_t id_;
     beast::flat_buffer buffer_;
     std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
@@ -319,7 +355,7 @@ private:
 }  // namespace
 
 void server::impl::accept() {
-    acceptor.async_accept(strand, [self = shared_from_this()](beast::error_code ec, tcp::socket socket) {
+    acceptor.async_accept(strand, [self = this->shared_from_this()](beast::error_code ec, tcp::socket socket) {
         if (ec == asio::error::operation_aborted || !self->acceptor.is_open()) return;
         if (!ec) {
             if (self->stopping || self->sessions.size() >= self->o.max_connections) {
@@ -328,10 +364,16 @@ void server::impl::accept() {
                 socket.close(ignored);
             } else {
                 const auto id = self->next_session++;
-                auto s = std::make_shared<session>(self, std::move(socket), id);
-                self->sessions.emplace(id, s);
                 ++self->connections;
-                s->start();
+                if (self->tls) {
+                    auto s = std::make_shared<session<tls_stream>>(self, id, std::move(socket), *self->tls);
+                    self->sessions.emplace(id, s);
+                    s->start();
+                } else {
+                    auto s = std::make_shared<session<beast::tcp_stream>>(self, id, std::move(socket));
+                    self->sessions.emplace(id, s);
+                    s->start();
+                }
             }
         }
         self->accept();
@@ -397,6 +439,16 @@ server::server(asio::any_io_executor ex, engine& e, server_options options)
     auto& s = *impl_;
     const auto where = s.o.listen.address().to_string() + ":" + std::to_string(s.o.listen.port());
     beast::error_code ec;
+    if (s.o.tls) {
+        s.tls.emplace(asio::ssl::context::tls_server);
+        s.tls->set_options(asio::ssl::context::default_workarounds | asio::ssl::context::no_sslv2 |
+                           asio::ssl::context::no_sslv3 | asio::ssl::context::no_tlsv1 |
+                           asio::ssl::context::no_tlsv1_1);
+        s.tls->use_certificate_chain_file(s.o.tls->certificate_chain, ec);
+        if (ec) throw std::system_error(ec, "TLS certificate chain '" + s.o.tls->certificate_chain + "'");
+        s.tls->use_private_key_file(s.o.tls->private_key, asio::ssl::context::pem, ec);
+        if (ec) throw std::system_error(ec, "TLS private key '" + s.o.tls->private_key + "'");
+    }
     s.acceptor.open(s.o.listen.protocol(), ec);
     if (!ec) s.acceptor.set_option(asio::socket_base::reuse_address(true), ec);
     if (!ec) s.acceptor.bind(s.o.listen, ec);
@@ -436,7 +488,7 @@ void server::stop(asio::any_completion_handler<void(std::error_code)> handler, a
         self->acceptor.close(ignored);
         self->stopped.emplace_back(std::move(h), std::move(ex));
         // Copy first: a session closed now may leave the map while we walk it.
-        std::vector<std::shared_ptr<session>> live;
+        std::vector<std::shared_ptr<connection>> live;
         for (auto& [id, w] : self->sessions) {
             if (auto s = w.lock()) live.push_back(std::move(s));
         }

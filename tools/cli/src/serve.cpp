@@ -57,6 +57,10 @@ int serve(const tool_context& t, const arguments& a) {
         }
     }
     so.projections = t.projections;
+    const auto cert = a.get("tls-cert");
+    const auto key = a.get("tls-key");
+    if (cert.has_value() != key.has_value()) throw usage_error("options '--tls-cert' and '--tls-key' go together");
+    if (cert) so.tls = http::tls_files{*cert, *key};
     so.max_body = static_cast<std::size_t>(a.positive("max-body", so.max_body));
     so.max_connections = static_cast<std::size_t>(a.positive("max-connections", so.max_connections));
     so.max_in_flight = static_cast<std::size_t>(a.positive("max-in-flight", 65536));
@@ -105,6 +109,8 @@ command serve_command(context_fn t) {
         "/metrics, /healthz, /readyz",
         {db_option,
          {"listen", "HOST:PORT", "the address to listen on (port 0: any free port, printed on stdout)", true},
+         {"tls-cert", "F", "serve HTTPS with this PEM certificate chain (with --tls-key)"},
+         {"tls-key", "F", "the PEM private key of --tls-cert"},
          {"webhook-secret-file", "F",
           "a webhook sender (scheme, secrets, mapping: see README); with any, every POST must be signed", false,
           true},

@@ -34,6 +34,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <system_error>
 #include <vector>
@@ -69,9 +70,16 @@ webhook_secret read_webhook_secret(const std::string& path);
 /// schedule spans about 3.2 days and Stripe's 3 days.
 redelivery_bound webhook_redelivery_bound();
 
+/// The PEM files of a TLS server.
+struct tls_files {
+    std::string certificate_chain;  ///< the server's certificate, then its intermediates
+    std::string private_key;
+};
+
 /// Options of an HTTP server.
 struct server_options {
     boost::asio::ip::tcp::endpoint listen{boost::asio::ip::address_v4::loopback(), 0};  ///< port 0: any free port
+    std::optional<tls_files> tls{};          ///< set: HTTPS only (TLS 1.2 and later)
     std::vector<webhook_secret> webhooks{};  ///< none: unsigned CloudEvents accepted; some: every POST must be signed
     /// The projections GET /rows reads (their names and JSON rendering).
     std::vector<std::shared_ptr<const projection_base>> projections{};
@@ -100,7 +108,8 @@ struct server_stats {
 /// may be called from any thread. The engine must outlive the server.
 class server {
 public:
-    /// Binds options.listen and starts accepting. Throws std::system_error naming the address.
+    /// Loads the TLS files if any, binds options.listen and starts accepting. Throws
+    /// std::system_error naming the file or the address.
     server(boost::asio::any_io_executor ex, engine& e, server_options options);
     /// Closes every connection without answering; call async_stop first for a graceful stop.
     ~server();
