@@ -87,7 +87,8 @@ TEST_SUITE("webhook signatures") {
         CHECK(verify_signature(signature_scheme::stripe, keys, h, body, 1700000400s, 300s) == signature_check::expired);
         CHECK(verify_signature(signature_scheme::stripe, keys, h, body + " ", 1700000100s, 300s) ==
               signature_check::mismatch);
-        h.stripe_signature = "v1=" + v1;
+        const std::string without_timestamp = "v1=" + v1;  // signature_headers holds views
+        h.stripe_signature = without_timestamp;
         CHECK(verify_signature(signature_scheme::stripe, keys, h, body, 1700000100s, 300s) == signature_check::malformed);
     }
 
