@@ -87,9 +87,13 @@ class server:
             self.proc.send_signal(sig)
         try:
             self.proc.wait(timeout)
+            err = self.proc.stderr.read().decode(errors="replace")
         finally:
             self.proc.stdout.close()
             self.proc.stderr.close()
+        # Under -Db_sanitize=address,undefined a report must fail the test, not scroll by.
+        if "runtime error" in err or "Sanitizer" in err:
+            raise AssertionError("idem serve reported:\n" + err)
         return self.proc.returncode
 
 
