@@ -325,6 +325,25 @@ class limit_tests(serve_case):
         self.assertEqual(s.request("GET", "/healthz")[0], 200)
         self.assertGreaterEqual(s.metric("idem_http_timeouts_total"), 1)
 
+    def test_headers_past_the_limit_are_431(self):
+        s = self.start()
+        status, _, out = s.post(event("h-1", "o-h", 1), headers={"X-Padding": "x" * 20000})
+        self.assertEqual(status, 431, out)
+        self.assertEqual(self.deliveries(s), 0)
+
+    def test_an_idle_kept_alive_connection_is_closed(self):
+        s = self.start("--idle-timeout", "1s")
+        c = http.client.HTTPConnection("127.0.0.1", s.port, timeout=10)
+        c.request("GET", "/healthz")
+        r = c.getresponse()
+        r.read()
+        self.assertEqual(r.status, 200)
+        self.assertFalse(r.will_close)  # kept alive
+        time.sleep(2)
+        c.sock.settimeout(2)
+        self.assertEqual(c.sock.recv(1), b"")  # the server closed it meanwhile
+        c.close()
+
     def test_connections_past_the_limit_are_refused(self):
         s = self.start("--max-connections", 2)
         held = [socket.create_connection(("127.0.0.1", s.port)) for _ in range(2)]
