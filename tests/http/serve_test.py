@@ -208,6 +208,22 @@ class cloudevents_tests(serve_case):
         self.assertEqual(status, 400, out)
         self.assertEqual(out["outcomes"][0]["reason"], "decode_failed")
 
+    def test_a_client_expecting_100_continue_is_told_to_send_its_body(self):
+        s = self.start()
+        body = json.dumps(event("c-1", "o-c", 6)).encode()
+        c = socket.create_connection(("127.0.0.1", s.port), timeout=10)
+        c.sendall(b"POST /events HTTP/1.1\r\nHost: x\r\nContent-Type: " + CE.encode() +
+                  b"\r\nExpect: 100-continue\r\nConnection: close\r\nContent-Length: " +
+                  str(len(body)).encode() + b"\r\n\r\n")
+        self.assertTrue(c.recv(64).startswith(b"HTTP/1.1 100 Continue"))
+        c.sendall(body)
+        answer = b""
+        while chunk := c.recv(4096):
+            answer += chunk
+        c.close()
+        self.assertTrue(answer.startswith(b"HTTP/1.1 200"), answer)
+        self.assertIn(b'"applied"', answer)
+
     def test_health_readiness_and_metrics(self):
         s = self.start()
         self.assertEqual(s.request("GET", "/healthz")[0], 200)

@@ -18,7 +18,9 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/core/string.hpp>
 #include <boost/beast/core/tcp_stream.hpp>
+#include <boost/beast/http/empty_body.hpp>
 #include <boost/beast/http/error.hpp>
 #include <boost/beast/http/parser.hpp>
 #include <boost/beast/http/read.hpp>
@@ -140,6 +142,30 @@ private:
         parser_->body_limit(srv_->o.max_body);
         parser_->header_limit(static_cast<std::uint32_t>(srv_->o.max_header));
         lowest().expires_after(answered_ ? srv_->o.idle_timeout : srv_->o.read_timeout);
+        bhttp::async_read_header(stream_, buffer_, *parser_, [self = this->shared_from_this()](beast::error_code ec,
+                                                                                               std::size_t) {
+            self->on_header(ec);
+        });
+    }
+
+    // A client that asked to be told before it sends the body (curl does past 1 KiB) is told
+    // now: the header passed its limits, and a body over max_body was refused with it.
+    void on_header(beast::error_code ec) {
+        if (ec) return on_read(ec);
+        if (!parser_->is_done() && beast::iequals(parser_->get()[bhttp::field::expect], "100-continue") &&
+            !srv_->stopping) {
+            continue_ = {bhttp::status::continue_, 11};
+            bhttp::async_write(stream_, continue_, [self = this->shared_from_this()](beast::error_code wec,
+                                                                                     std::size_t) {
+                if (wec) return self->close();
+                self->read_body();
+            });
+            return;
+        }
+        read_body();
+    }
+
+    void read_body() {
         bhttp::async_read(stream_, buffer_, *parser_,
                           [self = this->shared_from_this()](beast::error_code ec, std::size_t) { self->on_read(ec); });
     }
@@ -343,6 +369,7 @@ private:
     beast::flat_buffer buffer_;
     std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
     response res_;
+    bhttp::response<bhttp::empty_body> continue_;
     std::optional<asio::steady_timer> timer_;
     std::vector<detail::event_result> results_;
     std::string drain_;
