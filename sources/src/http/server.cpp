@@ -237,7 +237,9 @@ private:
         const auto n = in.deliveries.size();
         if (n == 0) return answer(200, detail::outcomes_json({}, srv_->eng.durable_commit()), true);
         const auto limit = srv_->o.max_in_flight != 0 ? srv_->o.max_in_flight : srv_->eng.options().max_in_flight;
-        if (srv_->in_flight.load() + n > limit) return unavailable("the engine is at its in-flight limit");
+        // A batch larger than the limit still goes through alone, or it would be refused forever.
+        const auto busy = srv_->in_flight.load();
+        if (busy > 0 && busy + n > limit) return unavailable("the engine is at its in-flight limit");
         srv_->in_flight += n;
         batch_ = in.batch;
         results_.assign(n, {});
