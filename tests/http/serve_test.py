@@ -301,6 +301,14 @@ class webhook_tests(serve_case):
         status, _, out = s.post(body, "application/json", {"Stripe-Signature": f"t={t},v1={'0' * 64}"})
         self.assertEqual(status, 401, out)
 
+    def test_an_inbox_retention_shorter_than_the_senders_retries_is_refused(self):
+        p = subprocess.run([IDEM, "serve", "--db", self.db, "--listen", "127.0.0.1:0", "--inbox-retention", "1d"],
+                           capture_output=True, timeout=30)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("redelivery bound", p.stderr.decode())
+        s = self.start("--inbox-retention", "5d")  # longer than the bound: accepted
+        self.assertEqual(s.request("GET", "/readyz")[0], 200)
+
     def test_a_bad_secret_file_is_refused_naming_it(self):
         f = self.secret_file("bad.conf", "scheme = standard-webhooks\nsecret = not-whsec\n")
         p = subprocess.run([IDEM, "serve", "--db", self.db, "--listen", "127.0.0.1:0", "--webhook-secret-file", f],
