@@ -55,6 +55,10 @@ command why_command(context_fn t);
 command convert_command();
 /// `parked`, `release`, `redrive` and `audit` (operator_commands.cpp).
 std::vector<command> operator_commands(context_fn t);
+#ifdef IDEM_HTTP
+/// `serve` (serve.cpp): the HTTP source, reads and metrics.
+command serve_command(context_fn t);
+#endif
 #ifdef IDEM_JETSTREAM
 /// `publish` (publish.cpp): logs into a JetStream stream.
 command publish_command();

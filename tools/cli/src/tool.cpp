@@ -85,6 +85,9 @@ struct tool::impl {
 #ifdef IDEM_JETSTREAM
         commands.push_back(detail::publish_command());
 #endif
+#ifdef IDEM_HTTP
+        commands.push_back(detail::serve_command(t));
+#endif
     }
 
     int usage(std::FILE* to) const;

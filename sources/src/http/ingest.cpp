@@ -1,0 +1,252 @@
+// The CloudEvents HTTP binding (structured, binary, batched) and the webhook wrapping. A body
+// that does not parse is handed to the engine as it is, so that it is dead-lettered and
+// counted like any malformed event, and a retry of the same bytes gets the same answer.
+
+#include "ingest.hpp"
+
+#include <rapidjson/document.h>
+#include <rapidjson/pointer.h>
+#include <rapidjson/stringbuffer.h>
+#include <rapidjson/writer.h>
+
+#include <algorithm>
+#include <cctype>
+
+namespace idem::http::detail {
+
+namespace {
+
+bool iequals(std::string_view a, std::string_view b) {
+    return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
+               return std::tolower(static_cast<unsigned char>(x)) == std::tolower(static_cast<unsigned char>(y));
+           });
+}
+
+std::string lower(std::string_view s) {
+    std::string out(s);
+    for (auto& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return out;
+}
+
+// The media type of a Content-Type value, lower case, without its parameters.
+std::string media_type(std::string_view content_type) {
+    auto semi = content_type.find(';');
+    auto t = content_type.substr(0, semi);
+    while (!t.empty() && t.back() == ' ') t.remove_suffix(1);
+    while (!t.empty() && t.front() == ' ') t.remove_prefix(1);
+    return lower(t);
+}
+
+bool is_json_media(std::string_view type) {
+    return type == "application/json" || type == "text/json" || type.ends_with("+json");
+}
+
+using writer = rapidjson::Writer<rapidjson::StringBuffer>;
+
+void string_field(writer& w, std::string_view name, std::string_view value) {
+    w.Key(name.data(), static_cast<rapidjson::SizeType>(name.size()));
+    w.String(value.data(), static_cast<rapidjson::SizeType>(value.size()));
+}
+
+delivery raw(std::string_view body) {
+    delivery d;
+    d.body = std::string(body);
+    return d;
+}
+
+std::string text_of(const rapidjson::StringBuffer& b) { return std::string(b.GetString(), b.GetSize()); }
+
+// Binary mode: the ce-* headers are the attributes, the body is the data.
+delivery binary_event(const header_list& h, std::string_view body) {
+    rapidjson::StringBuffer buf;
+    writer w{buf};
+    w.StartObject();
+    for (auto [name, value] : h.fields) {
+        if (name.size() > 3 && iequals(name.substr(0, 3), "ce-")) {
+            string_field(w, lower(name.substr(3)), percent_decode(value));
+        }
+    }
+    const auto content_type = h.get("content-type");
+    if (content_type) string_field(w, "datacontenttype", *content_type);
+    if (!body.empty()) {
+        if (!content_type || is_json_media(media_type(*content_type))) {
+            rapidjson::Document d;
+            d.Parse(body.data(), body.size());
+            if (d.HasParseError()) return raw(body);  // dead-lettered as invalid_json
+            w.Key("data");
+            w.RawValue(body.data(), body.size(), d.GetType());
+        } else {
+            string_field(w, "data_base64", base64_encode(body));
+        }
+    }
+    w.EndObject();
+    return raw(text_of(buf));
+}
+
+// An attribute of a wrapped webhook: a JSON pointer into the body or a header.
+std::optional<std::string> mapped(std::string_view how, const rapidjson::Document& body, const header_list& h) {
+    if (how.empty()) return std::nullopt;
+    if (how.starts_with("header:")) {
+        auto v = h.get(how.substr(7));
+        return v ? std::optional<std::string>(std::string(*v)) : std::nullopt;
+    }
+    rapidjson::Pointer p(how.data(), how.size());
+    if (!p.IsValid()) return std::nullopt;
+    const auto* v = p.Get(body);
+    if (v == nullptr) return std::nullopt;
+    if (v->IsString()) return std::string(v->GetString(), v->GetStringLength());
+    if (v->IsInt64()) return std::to_string(v->GetInt64());
+    if (v->IsUint64()) return std::to_string(v->GetUint64());
+    return std::nullopt;
+}
+
+delivery wrapped_event(const webhook_mapping& m, const header_list& h, std::string_view body,
+                       const std::string& message_id) {
+    rapidjson::Document d;
+    d.Parse(body.data(), body.size());
+    if (d.HasParseError()) return raw(body);
+    rapidjson::StringBuffer buf;
+    writer w{buf};
+    w.StartObject();
+    string_field(w, "specversion", "1.0");
+    auto id = mapped(m.id, d, h);
+    if (!id && m.id.empty() && !message_id.empty()) id = message_id;
+    if (id) string_field(w, "id", *id);
+    if (!m.source.empty()) string_field(w, "source", m.source);
+    if (auto t = mapped(m.type, d, h)) string_field(w, "type", *t);
+    if (auto s = mapped(m.subject, d, h)) string_field(w, "subject", *s);
+    string_field(w, "datacontenttype", "application/json");
+    w.Key("data");
+    w.RawValue(body.data(), body.size(), d.GetType());
+    w.EndObject();
+    return raw(text_of(buf));
+}
+
+// The sender whose signature the request carries, or the refusal.
+struct signed_by {
+    const webhook_secret* sender = nullptr;
+    std::string error;
+};
+
+signed_by check_signature(const header_list& h, std::string_view body, const std::vector<webhook_secret>& senders,
+                          std::chrono::seconds now) {
+    signature_headers sh;
+    sh.webhook_id = h.get("webhook-id").value_or("");
+    sh.webhook_timestamp = h.get("webhook-timestamp").value_or("");
+    sh.webhook_signature = h.get("webhook-signature").value_or("");
+    sh.hub_signature_256 = h.get("x-hub-signature-256").value_or("");
+    sh.stripe_signature = h.get("stripe-signature").value_or("");
+    signed_by out;
+    std::string seen;
+    for (const auto& s : senders) {
+        auto c = verify_signature(s.scheme, s.keys, sh, body, now, s.tolerance);
+        if (c == signature_check::valid) {
+            out.sender = &s;
+            return out;
+        }
+        if (c != signature_check::missing) {
+            seen += (seen.empty() ? "" : ", ") + s.name + " (" + std::string(to_string(s.scheme)) + "): " +
+                    std::string(to_string(c));
+        }
+    }
+    out.error = seen.empty() ? "the request carries no webhook signature of a configured sender"
+                             : "the webhook signature is not valid: " + seen;
+    return out;
+}
+
+}  // namespace
+
+std::optional<std::string_view> header_list::get(std::string_view name) const {
+    for (auto [n, v] : fields) {
+        if (iequals(n, name)) return v;
+    }
+    return std::nullopt;
+}
+
+std::string percent_decode(std::string_view text) {
+    auto hex = [](char c) -> int {
+        if (c >= '0' && c <= '9') return c - '0';
+        if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+        if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+        return -1;
+    };
+    std::string out;
+    out.reserve(text.size());
+    for (std::size_t i = 0; i < text.size(); ++i) {
+        if (text[i] == '%' && i + 2 < text.size() && hex(text[i + 1]) >= 0 && hex(text[i + 2]) >= 0) {
+            out += static_cast<char>(hex(text[i + 1]) * 16 + hex(text[i + 2]));
+            i += 2;
+        } else {
+            out += text[i];
+        }
+    }
+    return out;
+}
+
+ingest read_events(const header_list& headers, std::string_view body, const std::vector<webhook_secret>& senders,
+                   std::chrono::seconds now) {
+    ingest out;
+    std::string message_id;
+    std::string transport;
+    const webhook_mapping* mapping = nullptr;
+    if (!senders.empty()) {
+        auto s = check_signature(headers, body, senders, now);
+        if (s.sender == nullptr) {
+            out.status = 401;
+            out.error = std::move(s.error);
+            return out;
+        }
+        out.sender = s.sender->name;
+        transport = "webhook:" + s.sender->name;
+        if (s.sender->scheme == signature_scheme::standard_webhooks) {
+            message_id = std::string(headers.get("webhook-id").value_or(""));
+        } else if (s.sender->scheme == signature_scheme::github) {
+            message_id = std::string(headers.get("x-github-delivery").value_or(""));
+        }  // Stripe sends no delivery id: the event's own id (evt_...) is stable across its retries
+        if (s.sender->mapping) mapping = &*s.sender->mapping;
+    }
+    auto single = [&](delivery d) {
+        d.message_id = message_id;
+        d.transport = transport;
+        out.deliveries.push_back(std::move(d));
+    };
+    if (mapping != nullptr) {
+        single(wrapped_event(*mapping, headers, body, message_id));
+        return out;
+    }
+    const auto type = media_type(headers.get("content-type").value_or(""));
+    if (type == "application/cloudevents+json") {
+        single(raw(body));
+    } else if (type == "application/cloudevents-batch+json") {
+        out.batch = true;
+        rapidjson::Document d;
+        d.Parse(body.data(), body.size());
+        if (d.HasParseError()) {
+            single(raw(body));  // one dead letter: invalid_json
+            return out;
+        }
+        if (!d.IsArray()) {
+            out.status = 400;
+            out.error = "a CloudEvents batch (application/cloudevents-batch+json) is a JSON array of events";
+            return out;
+        }
+        for (const auto& e : d.GetArray()) {
+            rapidjson::StringBuffer buf;
+            writer w{buf};
+            e.Accept(w);
+            delivery one = raw(text_of(buf));
+            one.transport = transport;  // each event is identified by its own id, not the request's
+            out.deliveries.push_back(std::move(one));
+        }
+    } else if (headers.get("ce-specversion")) {
+        single(binary_event(headers, body));
+    } else {
+        out.status = 415;
+        out.error = "content type '" + type +
+                    "' is not a CloudEvent: send application/cloudevents+json, application/cloudevents-batch+json, "
+                    "or ce-* headers (binary mode)";
+    }
+    return out;
+}
+
+}  // namespace idem::http::detail

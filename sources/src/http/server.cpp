@@ -1,0 +1,530 @@
+// The HTTP server: Beast connections on one strand of the embedder's executor. A POST's events
+// are submitted to the engine and its answer is written from the engine's completions, which
+// run only after the commit holding them is durable; so an answer never runs ahead of the
+// disk. Every read has a deadline (a slow client is cut off), the parser bounds the header and
+// the body, and a graceful stop answers what is in flight before it closes.
+
+#include <idem/sources/http.hpp>
+
+#include "answers.hpp"
+#include "ingest.hpp"
+
+#include <idem/storage/error.hpp>
+
+#include <boost/asio/bind_executor.hpp>
+#include <boost/asio/dispatch.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/ssl/context.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/core/string.hpp>
+#include <boost/beast/core/tcp_stream.hpp>
+#include <boost/beast/http/empty_body.hpp>
+#include <boost/beast/http/error.hpp>
+#include <boost/beast/http/parser.hpp>
+#include <boost/beast/http/read.hpp>
+#include <boost/beast/http/string_body.hpp>
+#include <boost/beast/http/write.hpp>
+#include <boost/beast/ssl/ssl_stream.hpp>
+
+#include <atomic>
+#include <charconv>
+#include <optional>
+#include <type_traits>
+#include <unordered_map>
+
+namespace idem::http {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace bhttp = boost::beast::http;
+using tcp = asio::ip::tcp;
+
+namespace {
+
+// A connection as the server sees it (plain or TLS): told to stop when the server stops.
+class connection {
+public:
+    virtual ~connection() = default;
+    virtual void stop() = 0;
+};
+
+using tls_stream = beast::ssl_stream<beast::tcp_stream>;
+
+enum answer_class : std::size_t { ok_2xx, bad_400, unauthorized_401, too_large, not_found, unavailable };
+
+answer_class class_of(unsigned status) {
+    if (status < 300) return ok_2xx;
+    if (status == 400) return bad_400;
+    if (status == 401) return unauthorized_401;
+    if (status == 413 || status == 431) return too_large;
+    if (status == 503) return unavailable;
+    return not_found;
+}
+
+bool parse_u64(std::string_view text, std::uint64_t& out) {
+    auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), out);
+    return ec == std::errc{} && end == text.data() + text.size() && !text.empty();
+}
+
+}  // namespace
+
+struct server::impl : std::enable_shared_from_this<impl> {
+    impl(asio::any_io_executor ex, engine& e, server_options options)
+        : strand(asio::make_strand(ex)), eng(e), o(std::move(options)), acceptor(strand) {}
+
+    asio::strand<asio::any_io_executor> strand;
+    engine& eng;
+    server_options o;
+    tcp::acceptor acceptor;
+    tcp::endpoint bound;
+
+    // On the strand.
+    bool stopping = false;
+    std::uint64_t next_session = 0;
+    std::unordered_map<std::uint64_t, std::weak_ptr<connection>> sessions;
+    std::optional<asio::ssl::context> tls;
+    std::vector<std::pair<asio::any_completion_handler<void(std::error_code)>, asio::any_io_executor>> stopped;
+
+    // Read by stats() from any thread.
+    std::array<std::atomic<std::uint64_t>, 6> answers{};
+    std::atomic<std::uint64_t> connections{0};
+    std::atomic<std::uint64_t> refused{0};
+    std::atomic<std::uint64_t> timeouts{0};
+    std::atomic<std::uint64_t> in_flight{0};
+
+    void accept();
+    void closed(std::uint64_t id);
+    void finish_stop_if_done();
+    std::string metrics() const;
+};
+
+namespace {
+
+// One connection; Stream is beast::tcp_stream or tls_stream.
+template <class Stream>
+class session : public connection, public std::enable_shared_from_this<session<Stream>> {
+    static constexpr bool is_tls = std::is_same_v<Stream, tls_stream>;
+
+public:
+    template <class... StreamArgs>
+    session(std::shared_ptr<server::impl> srv, std::uint64_t id, StreamArgs&&... args)
+        : srv_(std::move(srv)), stream_(std::forward<StreamArgs>(args)...), id_(id) {}
+    ~session() override { srv_->closed(id_); }
+
+    void start() {
+        if constexpr (is_tls) {
+            // The handshake shares the request's deadline: a client that never finishes it is cut off too.
+            lowest().expires_after(srv_->o.read_timeout);
+            stream_.async_handshake(asio::ssl::stream_base::server, [self = this->shared_from_this()](beast::error_code ec) {
+                if (ec) {
+                    if (ec == beast::error::timeout) ++self->srv_->timeouts;
+                    return self->close();
+                }
+                self->read();
+            });
+        } else {
+            read();
+        }
+    }
+
+    // Stopping: an idle connection is closed now, a busy one after its answer.
+    void stop() override {
+        if (!busy_) close();
+    }
+
+private:
+    using response = bhttp::response<bhttp::string_body>;
+
+    void read() {
+        parser_.emplace();
+        parser_->body_limit(srv_->o.max_body);
+        parser_->header_limit(static_cast<std::uint32_t>(srv_->o.max_header));
+        lowest().expires_after(answered_ ? srv_->o.idle_timeout : srv_->o.read_timeout);
+        bhttp::async_read_header(stream_, buffer_, *parser_, [self = this->shared_from_this()](beast::error_code ec,
+                                                                                               std::size_t) {
+            self->on_header(ec);
+        });
+    }
+
+    // A client that asked to be told before it sends the body (curl does past 1 KiB) is told
+    // now: the header passed its limits, and a body over max_body was refused with it.
+    void on_header(beast::error_code ec) {
+        if (ec) return on_read(ec);
+        if (!parser_->is_done() && beast::iequals(parser_->get()[bhttp::field::expect], "100-continue") &&
+            !srv_->stopping) {
+            continue_ = {bhttp::status::continue_, 11};
+            bhttp::async_write(stream_, continue_, [self = this->shared_from_this()](beast::error_code wec,
+                                                                                     std::size_t) {
+                if (wec) return self->close();
+                self->read_body();
+            });
+            return;
+        }
+        read_body();
+    }
+
+    void read_body() {
+        bhttp::async_read(stream_, buffer_, *parser_,
+                          [self = this->shared_from_this()](beast::error_code ec, std::size_t) { self->on_read(ec); });
+    }
+
+    void on_read(beast::error_code ec) {
+        if (ec == bhttp::error::end_of_stream || ec == asio::error::operation_aborted) return close();
+        if (ec == beast::error::timeout) {
+            ++srv_->timeouts;
+            return close();
+        }
+        if (ec == bhttp::error::body_limit) {
+            return answer(413, error_body("the request body exceeds " + std::to_string(srv_->o.max_body) + " bytes"),
+                          false);
+        }
+        if (ec == bhttp::error::header_limit) {
+            return answer(431, error_body("the request headers exceed " + std::to_string(srv_->o.max_header) +
+                                          " bytes"), false);
+        }
+        if (ec) return answer(400, error_body("the request is not HTTP/1.1: " + ec.message()), false);
+        busy_ = true;
+        try {
+            route();
+        } catch (const std::exception& e) {
+            answer(500, error_body(e.what()), false);
+        }
+    }
+
+    static std::string error_body(std::string_view text) { return detail::error_json(text); }
+
+    void route() {
+        const auto& req = parser_->get();
+        const std::string_view target{req.target().data(), req.target().size()};
+        const auto q = target.find('?');
+        const auto path = target.substr(0, q);
+        const auto query = q == std::string_view::npos ? std::string_view{} : target.substr(q + 1);
+        if (srv_->stopping) return unavailable("the server is stopping");
+        const bool get = req.method() == bhttp::verb::get;
+        if (path == "/events") {
+            if (req.method() != bhttp::verb::post) return answer(405, error_body("POST /events"), true);
+            return ingest();
+        }
+        if (!get) return answer(405, error_body("only GET here"), true);
+        if (path == "/healthz") return answer(200, "ok\n", true, "text/plain");
+        if (path == "/readyz") return answer(200, "ready\n", true, "text/plain");
+        if (path == "/metrics") return answer(200, srv_->metrics(), true, "text/plain; version=0.0.4");
+        if (path.starts_with("/rows/")) return read_row(path.substr(6), query);
+        answer(404, error_body("no route " + std::string(path)), true);
+    }
+
+    void unavailable(std::string_view why) {
+        response r{bhttp::status::service_unavailable, 11};
+        r.set(bhttp::field::retry_after, std::to_string(srv_->o.retry_after.count()));
+        r.set(bhttp::field::content_type, "application/json");
+        r.body() = error_body(why);
+        send(std::move(r), !srv_->stopping);
+    }
+
+    void ingest() {
+        const auto& req = parser_->get();
+        detail::header_list h;
+        for (const auto& f : req) {
+            h.fields.emplace_back(std::string_view{f.name_string().data(), f.name_string().size()},
+                                  std::string_view{f.value().data(), f.value().size()});
+        }
+        const auto now = std::chrono::duration_cast<std::chrono::seconds>(
+            std::chrono::system_clock::now().time_since_epoch());
+        auto in = detail::read_events(h, req.body(), srv_->o.webhooks, now);
+        if (in.status != 0) return answer(in.status, error_body(in.error), true);
+        const auto n = in.deliveries.size();
+        if (n == 0) return answer(200, detail::outcomes_json({}, srv_->eng.durable_commit()), true);
+        const auto limit = srv_->o.max_in_flight != 0 ? srv_->o.max_in_flight : srv_->eng.options().max_in_flight;
+        // A batch larger than the limit still goes through alone, or it would be refused forever.
+        const auto busy = srv_->in_flight.load();
+        if (busy > 0 && busy + n > limit) return unavailable("the engine is at its in-flight limit");
+        srv_->in_flight += n;
+        batch_ = in.batch;
+        results_.assign(n, {});
+        pending_ = n;
+        for (std::size_t i = 0; i < n; ++i) {
+            srv_->eng.async_apply(std::move(in.deliveries[i]),
+                                  asio::bind_executor(srv_->strand, [self = this->shared_from_this(), i](std::error_code ec,
+                                                                                                    outcome out) {
+                                      self->on_applied(i, ec, std::move(out));
+                                  }));
+        }
+    }
+
+    void on_applied(std::size_t i, std::error_code ec, outcome out) {
+        results_[i] = {ec, std::move(out)};
+        --srv_->in_flight;
+        if (--pending_ > 0) return;
+        bool failed = false;
+        bool dead = false;
+        for (const auto& r : results_) {
+            failed |= bool(r.error);
+            dead |= !r.error && r.result.kind == outcome_kind::dead_lettered;
+        }
+        auto body = detail::outcomes_json(results_, srv_->eng.durable_commit());
+        if (failed) {
+            // Nothing of a failed batch was applied: the sender's retry is the recovery.
+            response r{bhttp::status::service_unavailable, 11};
+            r.set(bhttp::field::retry_after, std::to_string(srv_->o.retry_after.count()));
+            r.set(bhttp::field::content_type, "application/json");
+            r.body() = std::move(body);
+            return send(std::move(r), !srv_->stopping);
+        }
+        answer(dead && !batch_ ? 400 : 200, std::move(body), true);
+    }
+
+    void read_row(std::string_view rest, std::string_view query) {
+        const auto slash = rest.find('/');
+        if (slash == std::string_view::npos) return answer(404, error_body("GET /rows/{projection}/{key}"), true);
+        const auto name = detail::percent_decode(rest.substr(0, slash));
+        const auto key = detail::percent_decode(rest.substr(slash + 1));
+        const projection_base* p = nullptr;
+        for (const auto& q : srv_->o.projections) {
+            if (q->name() == name) p = q.get();
+        }
+        if (p == nullptr) return answer(404, error_body("no projection '" + name + "'"), true);
+        std::uint64_t min_commit = 0;
+        if (query.starts_with("min_commit=") && !parse_u64(query.substr(11), min_commit)) {
+            return answer(400, error_body("min_commit '" + std::string(query.substr(11)) + "' is not a commit number"),
+                          true);
+        }
+        const auto deadline = std::chrono::steady_clock::now() + srv_->o.min_commit_wait;
+        wait_then_read(p, key, min_commit, deadline);
+    }
+
+    // Read-your-writes: waits (polling, briefly) until the durable commit reaches min_commit.
+    void wait_then_read(const projection_base* p, std::string key, std::uint64_t min_commit,
+                        std::chrono::steady_clock::time_point deadline) {
+        if (srv_->eng.durable_commit() < min_commit) {
+            if (std::chrono::steady_clock::now() >= deadline) {
+                return unavailable("commit " + std::to_string(min_commit) + " is not durable yet");
+            }
+            timer_.emplace(srv_->strand, std::chrono::milliseconds(5));
+            timer_->async_wait([self = this->shared_from_this(), p, key = std::move(key), min_commit,
+                                deadline](beast::error_code ec) mutable {
+                if (ec) return self->close();
+                self->wait_then_read(p, std::move(key), min_commit, deadline);
+            });
+            return;
+        }
+        auto snap = srv_->eng.read(min_commit);
+        auto r = snap.raw_row(p->name(), key);
+        if (!r) return answer(404, error_body("projection '" + p->name() + "' has no row '" + key + "'"), true);
+        answer(200, detail::row_json(*p, *r), true);
+    }
+
+    void answer(unsigned status, std::string body, bool keep_alive, std::string_view type = "application/json") {
+        response r{static_cast<bhttp::status>(status), 11};
+        r.set(bhttp::field::content_type, type);
+        r.body() = std::move(body);
+        send(std::move(r), keep_alive && !srv_->stopping);
+    }
+
+    void send(response r, bool keep_alive) {
+        const bool client_keep_alive = parser_ && parser_->is_header_done() && parser_->get().keep_alive();
+        r.keep_alive(keep_alive && client_keep_alive);
+        r.prepare_payload();
+        ++srv_->answers[class_of(r.result_int())];
+        res_ = std::move(r);
+        lowest().expires_after(srv_->o.read_timeout);
+        bhttp::async_write(stream_, res_, [self = this->shared_from_this()](beast::error_code ec, std::size_t) {
+            self->busy_ = false;
+            self->answered_ = true;
+            if (ec) return self->close();
+            if (!self->res_.keep_alive() || self->srv_->stopping) return self->linger();
+            self->read();
+        });
+    }
+
+    beast::tcp_stream& lowest() { return beast::get_lowest_layer(stream_); }
+
+    // Closes after the client has read the answer: closing a socket with unread request bytes
+    // (a 413's body) resets the connection, and the client may lose the answer with it.
+    void linger() {
+        if constexpr (is_tls) {
+            return close();  // no half-close under TLS: the answer is written, the client has it in flight
+        }
+        beast::error_code ignored;
+        lowest().socket().shutdown(tcp::socket::shutdown_send, ignored);
+        lowest().expires_after(std::chrono::seconds(2));
+        drain_.resize(16 << 10);
+        drain_more();
+    }
+    void drain_more() {
+        lowest().async_read_some(asio::buffer(drain_), [self = this->shared_from_this()](beast::error_code ec, std::size_t) {
+            if (ec) return self->close();
+            self->drain_more();
+        });
+    }
+
+    void close() {
+        beast::error_code ignored;
+        lowest().socket().shutdown(tcp::socket::shutdown_both, ignored);
+        lowest().socket().close(ignored);
+    }
+
+    std::shared_ptr<server::impl> srv_;
+    Stream stream_;
+    std::uint64_t id_;
+    beast::flat_buffer buffer_;
+    std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
+    response res_;
+    bhttp::response<bhttp::empty_body> continue_;
+    std::optional<asio::steady_timer> timer_;
+    std::vector<detail::event_result> results_;
+    std::string drain_;
+    std::size_t pending_ = 0;
+    bool batch_ = false;
+    bool busy_ = false;
+    bool answered_ = false;
+};
+
+}  // namespace
+
+void server::impl::accept() {
+    acceptor.async_accept(strand, [self = this->shared_from_this()](beast::error_code ec, tcp::socket socket) {
+        if (ec == asio::error::operation_aborted || !self->acceptor.is_open()) return;
+        if (!ec) {
+            if (self->stopping || self->sessions.size() >= self->o.max_connections) {
+                ++self->refused;
+                beast::error_code ignored;
+                socket.close(ignored);
+            } else {
+                const auto id = self->next_session++;
+                ++self->connections;
+                if (self->tls) {
+                    auto s = std::make_shared<session<tls_stream>>(self, id, std::move(socket), *self->tls);
+                    self->sessions.emplace(id, s);
+                    s->start();
+                } else {
+                    auto s = std::make_shared<session<beast::tcp_stream>>(self, id, std::move(socket));
+                    self->sessions.emplace(id, s);
+                    s->start();
+                }
+            }
+        }
+        self->accept();
+    });
+}
+
+void server::impl::closed(std::uint64_t id) {
+    sessions.erase(id);
+    --connections;
+    finish_stop_if_done();
+}
+
+void server::impl::finish_stop_if_done() {
+    if (!stopping || !sessions.empty()) return;
+    for (auto& [h, ex] : stopped) {
+        asio::post(ex, [h = std::move(h)]() mutable { std::move(h)(std::error_code{}); });
+    }
+    stopped.clear();
+}
+
+std::string server::impl::metrics() const {
+    std::string out = eng.prometheus();
+    static constexpr std::array<const char*, 6> classes{"2xx", "400", "401", "413", "4xx", "503"};
+    out += "# HELP idem_http_answers_total HTTP answers by status class.\n# TYPE idem_http_answers_total counter\n";
+    for (std::size_t i = 0; i < classes.size(); ++i) {
+        out += "idem_http_answers_total{status=\"" + std::string(classes[i]) + "\"} " +
+               std::to_string(answers[i].load()) + "\n";
+    }
+    out += "# HELP idem_http_connections Open HTTP connections.\n# TYPE idem_http_connections gauge\n";
+    out += "idem_http_connections " + std::to_string(connections.load()) + "\n";
+    out += "# HELP idem_http_refused_connections_total Connections refused past the limit or while stopping.\n"
+           "# TYPE idem_http_refused_connections_total counter\n";
+    out += "idem_http_refused_connections_total " + std::to_string(refused.load()) + "\n";
+    out += "# HELP idem_http_timeouts_total Connections cut off by a read or idle timeout.\n"
+           "# TYPE idem_http_timeouts_total counter\n";
+    out += "idem_http_timeouts_total " + std::to_string(timeouts.load()) + "\n";
+    out += "# HELP idem_http_in_flight Events submitted over HTTP and not yet answered.\n"
+           "# TYPE idem_http_in_flight gauge\n";
+    out += "idem_http_in_flight " + std::to_string(in_flight.load()) + "\n";
+    // The store's own figures (kept across restarts, unlike the engine's counters): a
+    // snapshot's table entry counts, cheap.
+    auto snap = eng.read();
+    auto consumer = snap.consumer(eng.options().store.consumer);
+    const auto durable = consumer.stats();
+    out += "# HELP idem_inbox_size Message ids in the consumer's inbox.\n# TYPE idem_inbox_size gauge\n";
+    out += "idem_inbox_size " + std::to_string(consumer.inbox_size()) + "\n";
+    out += "# HELP idem_dead_letters_total Events dead-lettered, ever (the store's durable counter).\n"
+           "# TYPE idem_dead_letters_total counter\n";
+    out += "idem_dead_letters_total " +
+           std::to_string(durable.outcomes[static_cast<std::size_t>(outcome_kind::dead_lettered)]) + "\n";
+    out += "# HELP idem_parked Events parked until their stream's gap fills.\n# TYPE idem_parked gauge\n";
+    out += "idem_parked " + std::to_string(consumer.parked()) + "\n";
+    // Lag of an HTTP source: what is accepted and not yet durable (commits and events).
+    out += "# HELP idem_commit_lag Commits made and not yet known durable.\n# TYPE idem_commit_lag gauge\n";
+    const auto last = snap.commit();
+    const auto dur = eng.durable_commit();
+    out += "idem_commit_lag " + std::to_string(last > dur ? last - dur : 0) + "\n";
+    return out;
+}
+
+server::server(asio::any_io_executor ex, engine& e, server_options options)
+    : executor_(ex), impl_(std::make_shared<impl>(std::move(ex), e, std::move(options))) {
+    auto& s = *impl_;
+    const auto where = s.o.listen.address().to_string() + ":" + std::to_string(s.o.listen.port());
+    beast::error_code ec;
+    if (s.o.tls) {
+        s.tls.emplace(asio::ssl::context::tls_server);
+        s.tls->set_options(asio::ssl::context::default_workarounds | asio::ssl::context::no_sslv2 |
+                           asio::ssl::context::no_sslv3 | asio::ssl::context::no_tlsv1 |
+                           asio::ssl::context::no_tlsv1_1);
+        s.tls->use_certificate_chain_file(s.o.tls->certificate_chain, ec);
+        if (ec) throw std::system_error(ec, "TLS certificate chain '" + s.o.tls->certificate_chain + "'");
+        s.tls->use_private_key_file(s.o.tls->private_key, asio::ssl::context::pem, ec);
+        if (ec) throw std::system_error(ec, "TLS private key '" + s.o.tls->private_key + "'");
+    }
+    s.acceptor.open(s.o.listen.protocol(), ec);
+    if (!ec) s.acceptor.set_option(asio::socket_base::reuse_address(true), ec);
+    if (!ec) s.acceptor.bind(s.o.listen, ec);
+    if (!ec) s.acceptor.listen(asio::socket_base::max_listen_connections, ec);
+    if (ec) throw std::system_error(ec, "cannot listen on " + where);
+    s.bound = s.acceptor.local_endpoint();
+    asio::dispatch(s.strand, [self = impl_] { self->accept(); });
+}
+
+server::~server() {
+    // Closing the acceptor ends the accept loop; sessions hold the state they need.
+    asio::dispatch(impl_->strand, [self = impl_] {
+        beast::error_code ignored;
+        self->acceptor.close(ignored);
+        for (auto& [id, w] : self->sessions) {
+            if (auto s = w.lock()) s->stop();
+        }
+    });
+}
+
+tcp::endpoint server::local_endpoint() const { return impl_->bound; }
+
+server_stats server::stats() const {
+    server_stats st;
+    for (std::size_t i = 0; i < st.answers.size(); ++i) st.answers[i] = impl_->answers[i].load();
+    st.connections = impl_->connections.load();
+    st.refused_connections = impl_->refused.load();
+    st.timeouts = impl_->timeouts.load();
+    st.in_flight = impl_->in_flight.load();
+    return st;
+}
+
+void server::stop(asio::any_completion_handler<void(std::error_code)> handler, asio::any_io_executor ex) {
+    asio::post(impl_->strand, [self = impl_, h = std::move(handler), ex = std::move(ex)]() mutable {
+        self->stopping = true;
+        beast::error_code ignored;
+        self->acceptor.close(ignored);
+        self->stopped.emplace_back(std::move(h), std::move(ex));
+        // Copy first: a session closed now may leave the map while we walk it.
+        std::vector<std::shared_ptr<connection>> live;
+        for (auto& [id, w] : self->sessions) {
+            if (auto s = w.lock()) live.push_back(std::move(s));
+        }
+        for (auto& s : live) s->stop();
+        live.clear();
+        self->finish_stop_if_done();
+    });
+}
+
+}  // namespace idem::http

@@ -1,0 +1,127 @@
+// `serve`: the HTTP source over the engine on one thread. It prints the address it listens on
+// as its first line of standard output; Ctrl-C or SIGTERM stops gracefully (the requests in
+// flight are answered after their commit, the rest refused), then the engine stops.
+
+#include "commands.hpp"
+#include "options.hpp"
+
+#include <idem/engine/engine.hpp>
+#include <idem/sources/http.hpp>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
+
+#include <csignal>
+#include <cstdio>
+
+namespace idem::cli::detail {
+
+namespace {
+
+boost::asio::ip::tcp::endpoint listen_option(const arguments& a) {
+    const auto v = a.required("listen");
+    const auto colon = v.rfind(':');
+    if (colon == std::string::npos) throw usage_error("option '--listen': '" + v + "' is not HOST:PORT");
+    auto host = v.substr(0, colon);
+    if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+    boost::system::error_code ec;
+    auto address = boost::asio::ip::make_address(host, ec);
+    if (ec) throw usage_error("option '--listen': '" + host + "' is not an IP address");
+    const auto port = v.substr(colon + 1);
+    unsigned long n = 0;
+    try {
+        std::size_t used = 0;
+        n = std::stoul(port, &used);
+        if (used != port.size() || n > 65535) throw std::out_of_range("port");
+    } catch (const std::exception&) {
+        throw usage_error("option '--listen': '" + port + "' is not a port (0-65535)");
+    }
+    return {address, static_cast<unsigned short>(n)};
+}
+
+std::chrono::milliseconds millis_option(const arguments& a, std::string_view name, std::chrono::milliseconds fallback) {
+    auto d = duration_option(a, name);
+    if (!d) return fallback;
+    if (*d <= std::chrono::nanoseconds(0)) throw usage_error("option '--" + std::string(name) + "' must be positive");
+    return std::chrono::duration_cast<std::chrono::milliseconds>(*d);
+}
+
+int serve(const tool_context& t, const arguments& a) {
+    http::server_options so;
+    so.listen = listen_option(a);
+    for (const auto& f : a.all("webhook-secret-file")) {
+        try {
+            so.webhooks.push_back(http::read_webhook_secret(f));
+        } catch (const std::system_error& e) {
+            throw usage_error(std::string("option '--webhook-secret-file': ") + e.what());
+        }
+    }
+    so.projections = t.projections;
+    const auto cert = a.get("tls-cert");
+    const auto key = a.get("tls-key");
+    if (cert.has_value() != key.has_value()) throw usage_error("options '--tls-cert' and '--tls-key' go together");
+    if (cert) so.tls = http::tls_files{*cert, *key};
+    so.max_body = static_cast<std::size_t>(a.positive("max-body", so.max_body));
+    so.max_connections = static_cast<std::size_t>(a.positive("max-connections", so.max_connections));
+    so.max_in_flight = static_cast<std::size_t>(a.positive("max-in-flight", 65536));
+    so.read_timeout = millis_option(a, "read-timeout", so.read_timeout);
+    so.idle_timeout = millis_option(a, "idle-timeout", so.idle_timeout);
+
+    const std::filesystem::path db = a.required("db");
+    engine_options eo;
+    eo.store = t.store_for(db);
+    eo.store.sync = durability_from(a);
+    retention_from(a, eo.store);
+    eo.store.retention.clock = retention_clock::wall;  // senders retry in wall time
+    if (!eo.store.retention.inbox_retention) eo.store.retention.inbox_retention = std::chrono::hours(24 * 4);
+    eo.store.retention.source = http::webhook_redelivery_bound();  // a shorter inbox retention is refused
+    eo.max_in_flight = std::max(eo.max_in_flight, so.max_in_flight);
+
+    boost::asio::io_context io;
+    engine e{io.get_executor(), eo};
+    e.add_projections(t.setup);
+    http::server srv{io.get_executor(), e, so};
+    const auto at = srv.local_endpoint();
+    std::printf("{\"listening\":\"%s:%u\"}\n", at.address().to_string().c_str(), unsigned(at.port()));
+    std::fflush(stdout);
+
+    boost::asio::signal_set signals{io, SIGINT, SIGTERM};
+    signals.async_wait([&](const boost::system::error_code& ec, int) {
+        if (ec) return;
+        std::fprintf(stderr, "%s serve: stopping: answering the requests in flight\n", t.name.c_str());
+        srv.async_stop([&](std::error_code) {
+            e.async_stop([&](std::error_code) { io.stop(); });
+        });
+    });
+    io.run();
+    const auto st = srv.stats();
+    std::fprintf(stderr, "%s serve: stopped; %llu answers 2xx, %llu timeouts\n", t.name.c_str(),
+                 static_cast<unsigned long long>(st.answers[0]), static_cast<unsigned long long>(st.timeouts));
+    return 0;
+}
+
+}  // namespace
+
+command serve_command(context_fn t) {
+    return command{
+        "serve",
+        "serve POST /events (CloudEvents, signed webhooks; answered after the durable commit), GET /rows, "
+        "/metrics, /healthz, /readyz",
+        {db_option,
+         {"listen", "HOST:PORT", "the address to listen on (port 0: any free port, printed on stdout)", true},
+         {"tls-cert", "F", "serve HTTPS with this PEM certificate chain (with --tls-key)"},
+         {"tls-key", "F", "the PEM private key of --tls-cert"},
+         {"webhook-secret-file", "F",
+          "a webhook sender (scheme, secrets, mapping: see README); with any, every POST must be signed", false,
+          true},
+         {"durability", "full|periodic|none", "fsync policy (default full: answered after the fsync)"},
+         {"inbox-retention", "D", "keep message ids for D (default 4d: longer than the senders' ~3.2-day retries)"},
+         {"max-body", "BYTES", "request body at most (default 1048576; 413 past it)"},
+         {"max-connections", "N", "open connections at most (default 256)"},
+         {"max-in-flight", "N", "events submitted and not answered at most (default 65536; 503 past it)"},
+         {"read-timeout", "D", "a whole request must arrive within D (default 10s; slow clients are cut off)"},
+         {"idle-timeout", "D", "a kept-alive connection waits D for its next request (default 30s)"}},
+        [t](const arguments& a) { return serve(t(), a); }};
+}
+
+}  // namespace idem::cli::detail
