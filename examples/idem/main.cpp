@@ -64,6 +64,7 @@ idem::cli::command gen_command() {
 int main(int argc, char** argv) {
     idem::cli::tool tool{"idem"};
     tool.add(idem::examples::order_totals())
+        .upcast(idem::examples::order_line_upcaster())
         .add(idem::examples::positions())
         .add(idem::examples::leaderboard())
         .add(idem::examples::inventory())

@@ -628,6 +628,9 @@ public:
     }
     void unpark(const std::string& key) override { run_.parked_[key] = std::nullopt; }
     bool is_parked(const std::string& key) const override { return run_.parked_value(key).has_value(); }
+    void rewrite_row(std::size_t projection, const std::string& key) override {
+        run_.load_row(projection, key, string_table<batch_run::row_slot>::hash_of(key)).dirty = true;
+    }
 
 private:
     // An event read back from the store, as the batch path takes it.

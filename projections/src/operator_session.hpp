@@ -41,6 +41,8 @@ public:
     virtual void unpark(const std::string& key) = 0;
     /// Returns whether the batch still holds a parked event under key.
     virtual bool is_parked(const std::string& key) const = 0;
+    /// Reads a row (migrating it) and writes it back with the batch, at the current state version.
+    virtual void rewrite_row(std::size_t projection, const std::string& key) = 0;
 };
 
 }  // namespace idem::detail

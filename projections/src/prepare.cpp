@@ -68,7 +68,7 @@ void prepare_parts(const store::impl& s, const envelope& ev, std::vector<part>& 
             continue;
         }
         if (!lifted.failure.empty()) {
-            fail(reason::upcast_failed, ": " + lifted.failure);
+            fail(lifted.undecodable ? reason::decode_failed : reason::upcast_failed, ": " + lifted.failure);
             continue;
         }
         try {

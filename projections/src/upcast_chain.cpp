@@ -90,7 +90,14 @@ upcast_chain::lifted upcast_chain::lift(std::string_view type, std::uint32_t ver
                     out.object = typed.lift(out.object.get());  // decoded once, handed on
                     out.made_by = &typed;
                 } else if (typed.lift) {
-                    out.object = typed.lift(typed.decode(out.json(data)).get());
+                    std::shared_ptr<const void> decoded;
+                    try {
+                        decoded = typed.decode(out.json(data));
+                    } catch (const std::exception& e) {
+                        out.undecodable = true;
+                        throw;
+                    }
+                    out.object = typed.lift(decoded.get());
                     out.made_by = &typed;
                 } else {
                     out.data = step.lift(out.json(data));
@@ -99,7 +106,9 @@ upcast_chain::lifted upcast_chain::lift(std::string_view type, std::uint32_t ver
                 }
                 out.changed = true;
             } catch (const std::exception& e) {
-                out.failure = "upcaster from " + name_of(out.type, version) + " threw: " + e.what();
+                out.failure = out.undecodable ? "data does not decode as " + std::string(out.type) + " (version " +
+                                                    std::to_string(version) + "): " + e.what()
+                                              : "upcaster from " + name_of(out.type, version) + " threw: " + e.what();
             } catch (...) {
                 out.failure = "upcaster from " + name_of(out.type, version) + " threw";
             }

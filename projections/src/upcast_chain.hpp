@@ -28,6 +28,7 @@ public:
         std::shared_ptr<const void> object;   ///< the last typed step's result
         const upcaster::typed* made_by = nullptr;  ///< the step that returned object (its type, its encoder)
         std::string failure;   ///< why it could not be lifted ("" = it was)
+        bool undecodable = false;  ///< the failure is the data not decoding as a typed step's event
 
         /// The JSON text of the lifted event (the object's encoded once when a handler needs it).
         std::string_view json(std::string_view own);

@@ -37,7 +37,7 @@ struct chaos::impl {
             if (seen.insert(e.env.event_id()).second) events.push_back(std::move(e));
         }
         if (events.empty()) throw std::invalid_argument("chaos: no envelopes to run");
-        if (context.installers.empty()) throw std::invalid_argument("chaos: no projections added");
+        if (context.projections.empty()) throw std::invalid_argument("chaos: no projections added");
         return events;
     }
 };
@@ -77,6 +77,11 @@ chaos::~chaos() = default;
 chaos& chaos::add_projection(std::shared_ptr<const projection_base> prototype, std::function<void(store&)> install) {
     impl_->context.projections.push_back(std::move(prototype));
     impl_->context.installers.push_back(std::move(install));
+    return *this;
+}
+
+chaos& chaos::upcast(upcaster step) {
+    impl_->context.installers.push_back([step = std::move(step)](store& s) { s.upcast(step); });
     return *this;
 }
 

@@ -499,7 +499,8 @@ class bad_input_test(cli_case):
             (self.bad_line(9, extra=',"sequence":"three"'), "invalid_sequence",
              "attribute 'sequence' must be a decimal integer, got \"three\""),
             (self.bad_line(10, data='{"order_id":"o","amount":"ten"}'), "decode_failed",
-             "projection 'order-totals': data does not decode as order.line_added: field 'amount': expected an integer"),
+             "projection 'order-totals': data does not decode as order.line_added (version 1): "
+             "field 'amount': expected an integer"),
             (self.bad_line(11, typ="order.cancelled"), "unknown_type", "no projection handles type 'order.cancelled'"),
             (self.bad_line(12, data='{"order_id":"' + "k" * 600 + '","amount":1}'), "key_too_long",
              "exceeds LMDB's 511-byte key limit"),

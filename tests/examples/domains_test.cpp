@@ -2,6 +2,7 @@
 // projections through a real store (effect keys, contributing sets, rejected events).
 
 #include <idem/examples/domains.hpp>
+#include <idem/cli/tool.hpp>
 
 #include "../common/temp_dir.hpp"
 
@@ -353,9 +354,68 @@ TEST_SUITE("orders") {
         REQUIRE(row);
         CHECK(row->state.total == 200);
         CHECK(row->state.lines == 2);
-        CHECK(json_of(row->state) == R"({"total":200,"lines":2})");
+        CHECK(row->state.currency == "EUR");  // version 1 lines: lifted to version 2 in EUR
+        CHECK(json_of(row->state) == R"({"total":200,"lines":2,"currency":"EUR"})");
         CHECK(ex::domain_totals(snap, "orders") == R"({"orders":1,"lines":2,"total":200})");
         CHECK(ex::domain_totals(snap, "trading") == R"({"positions":0,"fills":0,"qty":0,"cost":0,"realized_pnl":0})");
         CHECK_THROWS_AS(ex::domain_totals(snap, "chess"), std::invalid_argument);
     }
+}
+
+TEST_CASE("orders: a store written at state version 1 is read, changed and migrated by version 2 code") {
+    temp_dir dir;
+    const auto db = dir.path() / "v1";
+    {
+        // The code as it was: rows {total, lines} at state version 1, events at version 1.
+        idem::store old{options(db)};
+        old.add(idem::projection<ex::order_total_v1>(ex::order_totals_projection)
+                    .on<ex::line_added_v1>("order.line_added",
+                                           [](ex::order_total_v1& t, const ex::line_added_v1& e) {
+                                               t.total += e.amount;
+                                               ++t.lines;
+                                           })
+                    .key([](const ex::line_added_v1& e) { return e.order_id; }));
+        std::vector<idem::delivery> batch;
+        for (int i = 0; i < 40; ++i) {
+            const auto order = "order-" + std::to_string(i % 8);
+            batch.push_back({envelope("old-" + std::to_string(i), "/shop", "order.line_added", order, 0,
+                                      R"({"order_id":")" + order + R"(","amount":)" + std::to_string(10 + i) + "}"),
+                             ""});
+        }
+        for (const auto& o : old.apply(batch)) REQUIRE(o.kind == idem::outcome_kind::applied);
+    }
+    // Reference: per order, the sum of 10 + i over i = order, order + 8, ...
+    std::int64_t expected_total = 0;
+    for (int i = 0; i < 40; ++i) expected_total += 10 + i;
+    {
+        idem::store now{options(db)};
+        ex::add_all(now);
+        auto snap = now.read();
+        CHECK(snap.raw_row(ex::order_totals_projection, "order-3")->state_version == 1);
+        CHECK(ex::domain_totals(snap, "orders") ==
+              R"({"orders":8,"lines":40,"total":)" + std::to_string(expected_total) + "}");
+        CHECK(snap.get(ex::order_totals(), "order-3")->state.currency == "EUR");
+        CHECK_THROWS_AS(snap.get<ex::order_total>(ex::order_totals_projection, "order-3"), std::system_error);
+        // A version 2 line in another currency on a version 1 (EUR) order is dead-lettered.
+        idem::envelope usd;
+        usd.id = "new-1";
+        usd.source = "/shop";
+        usd.type = "order.line_added";
+        usd.dataschema = ex::line_added::dataschema;
+        usd.data = R"({"order_id":"order-3","amount":{"minor":5,"currency":"USD"}})";
+        auto out = now.apply(std::vector<idem::delivery>{{usd.to_json(), ""}});
+        CHECK(out[0].why == idem::reason::handler_failed);
+        CHECK(out[0].detail.find("the order is in EUR, the line in USD") != std::string::npos);
+    }
+    // `idem migrate` over the example tool rewrites every row at version 2.
+    idem::cli::tool tool{"idem"};
+    tool.add(ex::order_totals()).upcast(ex::order_line_upcaster());
+    CHECK(tool.run({"migrate", "--db", db.string(), "--step", "3"}) == 0);
+    auto snap = idem::snapshot::open(db);
+    std::int64_t total = 0;
+    snap.scan<ex::order_total>(ex::order_totals_projection, [&](const idem::row<ex::order_total>& r) {
+        CHECK(r.state.currency == "EUR");
+        total += r.state.total;
+    });
+    CHECK(total == expected_total);
 }

@@ -478,7 +478,7 @@ class stop_tests(serve_case):
         events = [event(f"r-{i}", f"o-{rng.randrange(20)}", rng.randrange(-50, 500)) for i in range(300)]
         reference = {}
         for e in events:
-            t = reference.setdefault(e["data"]["order_id"], {"total": 0, "lines": 0})
+            t = reference.setdefault(e["data"]["order_id"], {"total": 0, "lines": 0, "currency": "EUR"})
             t["total"] += e["data"]["amount"]
             t["lines"] += 1
         s = self.start()

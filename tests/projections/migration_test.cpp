@@ -208,3 +208,59 @@ TEST_CASE("migration chains with a gap or a mismatched type are refused when the
     CHECK_THROWS_WITH_AS(s.add(base().migrate<total_v3>(3, [](const total_v3& o) { return o; })),
                          doctest::Contains("is not below the current state version 3"), std::system_error);
 }
+
+TEST_CASE("migrate_rows rewrites every older row at the current version in bounded steps") {
+    temp_dir dir;
+    int id = 0;
+    {
+        idem::store old{options(dir.env())};
+        old.add(code_v1());
+        apply_lines(old, {{"a", 10}, {"b", 20}, {"c", 30}, {"d", 40}, {"e", 50}}, id);
+    }
+    {
+        idem::store mid{options(dir.env())};
+        mid.add(code_v2());
+        apply_lines(mid, {{"b", 1}, {"f", 2}}, id);
+    }
+    idem::store now{options(dir.env())};
+    now.add(code_v3());
+    const auto before = now.read().commit();
+    std::vector<std::uint64_t> remaining;
+    auto r = now.migrate_rows(2, [&](const idem::migrate_result& p) { remaining.push_back(p.remaining); });
+    CHECK(r.rows == 6);  // a, b, c, d, e at 1 or 2, f at 2
+    CHECK(r.commits == 3);
+    CHECK(remaining == std::vector<std::uint64_t>{4, 2, 0});
+    auto snap = now.read();
+    CHECK(snap.commit() == before + 3);
+    std::map<std::string, std::pair<total_v3, std::uint64_t>> rows;
+    snap.scan<total_v3>("totals", [&](const idem::row<total_v3>& row) { rows[row.key] = {row.state, row.version}; });
+    CHECK(rows == std::map<std::string, std::pair<total_v3, std::uint64_t>>{
+                      {"a", {{10, -1, "EUR"}, 1}},
+                      {"b", {{21, -1, "EUR"}, 2}},
+                      {"c", {{30, -1, "EUR"}, 1}},
+                      {"d", {{40, -1, "EUR"}, 1}},
+                      {"e", {{50, -1, "EUR"}, 1}},
+                      {"f", {{2, 1, "EUR"}, 1}},
+                  });
+    CHECK(now.migrate_rows().rows == 0);  // nothing left
+}
+
+TEST_CASE("migrate_rows stops at a migration that throws, naming the row; earlier steps stay") {
+    temp_dir dir;
+    int id = 0;
+    {
+        idem::store mid{options(dir.env())};
+        mid.add(code_v2());
+        apply_lines(mid, {{"a", 10}, {"b", 20}, {"c", 300}, {"d", 40}}, id);
+    }
+    idem::store now{options(dir.env())};
+    now.add(code_v3(true));
+    CHECK_THROWS_WITH_AS(now.migrate_rows(2), doctest::Contains("row 'c': projection 'totals': migrating a row from "
+                                                                "state version 2 failed: total 300 too large"),
+                         std::system_error);
+    auto snap = now.read();
+    CHECK(snap.raw_row("totals", "a")->state_version == 3);
+    CHECK(snap.raw_row("totals", "b")->state_version == 3);
+    CHECK(snap.raw_row("totals", "c")->state_version == 2);
+    CHECK(snap.raw_row("totals", "d")->state_version == 2);  // in the step that failed
+}

@@ -229,4 +229,11 @@ TEST_CASE("an upcaster that throws, and versions outside the chain, are dead-let
     CHECK(outcomes[3].why == reason::upcast_failed);
     CHECK(outcomes[3].detail.find("'order.line_recorded' version 2 has no upcaster") != std::string::npos);
     CHECK(money_rows(s.read()) == std::map<std::string, money_row>{{"o1", {7, 1, "EUR", 1}}});
+    // Data that does not decode as the version a typed step reads is a decode failure, as it
+    // would be for a handler.
+    auto bad = versioned(1, "e5", "o1", 5, "EUR");
+    bad.data = R"({"order_id":"o1","amount":"five"})";
+    auto out = s.apply(deliver(bad));
+    CHECK(out.why == reason::decode_failed);
+    CHECK(out.detail.find("data does not decode as order.line_added (version 1): ") != std::string::npos);
 }

@@ -31,6 +31,7 @@ std::vector<std::string> order_lines() {
 TEST_CASE("order totals survive duplicates, reordering, crashes and pruning") {
     idem::testing::chaos kit;
     kit.add(idem::examples::order_totals());
+    kit.upcast(idem::examples::order_line_upcaster());  // the lines below are version 1
     auto report = kit.run(order_lines());
     CHECK_MESSAGE(report.ok(), report.explain());
 }

@@ -53,7 +53,7 @@ public:
 
     effect_key effect(const line_spec& s) const override { return {false, s.event}; }
     bool apply(const line_spec& s) override {
-        orders_[s.row].add(line_added{{}, s.amount});
+        orders_[s.row].add(line_added{{}, money{s.amount, "EUR"}});
         ++versions_[s.row];
         return true;
     }

@@ -13,6 +13,7 @@
 //   TEST_CASE("order totals survive duplicates, reordering, crashes and pruning") {
 //       idem::testing::chaos kit;
 //       kit.add(idem::examples::order_totals());
+//       kit.upcast(idem::examples::order_line_upcaster());
 //       auto report = kit.run(envelopes);  // CloudEvents JSON texts
 //       CHECK_MESSAGE(report.ok(), report.explain());
 //   }
@@ -96,6 +97,8 @@ public:
     }
     /// Adds a projection by prototype and the function that adds a copy to a store (idem::cli::tool's form).
     chaos& add_projection(std::shared_ptr<const projection_base> prototype, std::function<void(store&)> install);
+    /// Adds an event upcasting step to every store the kit opens (as store::upcast).
+    chaos& upcast(upcaster step);
     /// Adjusts the options of every store the kit opens (gap policy, consumer, retention); the kit
     /// then sets the path, durability::none, a clock of its own and, if unset, a 1 s inbox retention.
     chaos& configure(std::function<void(store_options&)> fn);

@@ -24,6 +24,7 @@ int chaos(const tool_context& t, const arguments& a) {
     o.forked_crashes = a.flag("fork");
     testing::chaos kit{o};
     for (std::size_t i = 0; i < t.projections.size(); ++i) kit.add_projection(t.projections[i], t.installers[i]);
+    for (const auto& step : t.upcasters) kit.upcast(step);
     auto store_for = t.store_for;
     kit.configure([store_for](store_options& so) { so = store_for(so.path); });
 

@@ -21,8 +21,9 @@ struct tool_context {
     std::string consumer;  ///< the consumer its stores use
     std::vector<std::shared_ptr<const projection_base>> projections;
     std::function<store_options(const std::filesystem::path&)> store_for;  ///< a store's options at db
-    std::function<void(store&)> setup;                                      ///< adds the projections
+    std::function<void(store&)> setup;                                      ///< adds the projections and upcasters
     std::vector<std::function<void(store&)>> installers;  ///< adds projections[i] (a copy of it)
+    std::vector<upcaster> upcasters;                      ///< the event upcasting steps setup adds
 
     /// Returns the projection called n; throws usage_error listing the tool's projections.
     const projection_base& projection_named(const std::string& n) const;
@@ -49,6 +50,7 @@ command verify_command(context_fn t);
 command chaos_command(context_fn t);
 /// `prune` (prune.cpp).
 command prune_command(context_fn t);
+command migrate_command(context_fn t);
 /// `why` (why.cpp).
 command why_command(context_fn t);
 /// `convert` (convert.cpp).

@@ -43,6 +43,7 @@ struct tool::impl {
     std::string consumer = "idem";
     std::vector<std::shared_ptr<const projection_base>> projections;
     std::vector<std::function<void(store&)>> installers;
+    std::vector<upcaster> upcasters;
     std::function<void(store_options&)> configure;
     std::vector<command> commands;
 
@@ -62,8 +63,10 @@ struct tool::impl {
         t.projections = projections;
         t.store_for = [this](const std::filesystem::path& db) { return store_for(db); };
         t.installers = installers;
+        t.upcasters = upcasters;
         t.setup = [this](store& s) {
             for (const auto& install : installers) install(s);
+            for (const auto& step : upcasters) s.upcast(step);
         };
         return t;
     }
@@ -79,6 +82,7 @@ struct tool::impl {
         commands.push_back(detail::verify_command(t));
         commands.push_back(detail::chaos_command(t));
         commands.push_back(detail::prune_command(t));
+        commands.push_back(detail::migrate_command(t));
         commands.push_back(detail::why_command(t));
         commands.push_back(detail::convert_command());
         add(detail::operator_commands(t));
@@ -113,6 +117,11 @@ tool::~tool() = default;
 
 tool& tool::consumer(std::string name) {
     impl_->consumer = std::move(name);
+    return *this;
+}
+
+tool& tool::upcast(upcaster step) {
+    impl_->upcasters.push_back(std::move(step));
     return *this;
 }
 

@@ -246,6 +246,13 @@ struct release_result {
     std::uint64_t commit = 0;
 };
 
+/// What one migrate_rows() did, so far (also passed to its progress function).
+struct migrate_result {
+    std::uint64_t rows = 0;       ///< rows rewritten at their projection's current state version
+    std::uint64_t commits = 0;    ///< transactions it took
+    std::uint64_t remaining = 0;  ///< rows of an older state version still to rewrite
+};
+
 /// One parked stream: what it waits for.
 struct parked_stream {
     std::string subject;
@@ -422,6 +429,13 @@ public:
     /// moves the stream past them), in one transaction recorded in the audit. Throws
     /// errc::invalid_argument if nothing is parked on subject.
     release_result release(std::string_view subject, const release_options& options = {});
+    /// Rewrites every row of an older state version at its projection's current one (through its
+    /// migrations), per_step rows per transaction, calling progress after each. Rows are also
+    /// migrated when read and rewritten when changed; this is for a store read by older readers
+    /// or to be done with the old versions. A migration that throws stops it with
+    /// errc::invalid_argument naming the row (the steps before it are committed).
+    migrate_result migrate_rows(std::size_t per_step = 10000,
+                                const std::function<void(const migrate_result&)>& progress = {});
     /// Closes and reopens the environment and rebuilds every index from disk (after MDB_PANIC).
     /// Waits until no snapshot of this process is live.
     void reopen();

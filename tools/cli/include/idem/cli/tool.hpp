@@ -100,6 +100,8 @@ public:
         auto proto = std::make_shared<projection<State>>(std::move(p));
         return add_projection(proto, [proto](store& s) { s.add(projection<State>(*proto)); });
     }
+    /// Adds an event upcasting step (<idem/projections/upcast.hpp>) to every store the tool opens.
+    tool& upcast(upcaster step);
     /// Sets the consumer name the tool's stores use (default "idem").
     tool& consumer(std::string name);
     /// Adjusts the options of every store the tool opens (limits, gap policy, ...).
