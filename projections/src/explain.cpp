@@ -1,5 +1,7 @@
 #include <idem/projections/explain.hpp>
 
+#include "upcast_chain.hpp"
+
 #include <idem/storage/duration.hpp>
 #include <idem/storage/envelope.hpp>
 #include <idem/storage/error.hpp>
@@ -13,19 +15,28 @@ namespace {
 
 /// Checks row `key` of p for the effect of the event whose body is known (or only its id).
 why_row check_row(const snapshot& snap, const projection_base& p, const std::string& key,
-                  const std::optional<envelope>& ev, const std::string& event_id) {
+                  const std::optional<envelope>& ev, const std::string& event_id, const detail::upcast_chain& upcasts) {
     why_row r;
     r.projection = p.name();
     r.key = key;
     if (ev) {
-        const auto* h = p.find(ev->type);
+        // Lifted as the apply path lifts it (prepare.cpp): the handler is the lifted type's.
+        detail::upcast_chain::lifted lifted;
+        if (!upcasts.empty() && !ev->data_binary) lifted = upcasts.lift(ev->type, ev->schema_version(), ev->data);
+        const std::string type(lifted.type.empty() ? std::string_view(ev->type) : lifted.type);
+        const auto* h = p.find(type);
         if (h == nullptr) {
             r.holds = false;
-            r.note = "projection " + p.name() + " does not handle type '" + ev->type + "'";
+            r.note = "projection " + p.name() + " does not handle type '" + type + "'";
+            return r;
+        }
+        if (!lifted.failure.empty()) {
+            r.note = "its data cannot be read by projection " + p.name() + " (" + lifted.failure + "): no effect key";
             return r;
         }
         try {
-            auto decoded = h->decode(ev->data);
+            auto decoded = lifted.object && lifted.made_by->to == h->event ? lifted.object
+                                                                           : h->decode(lifted.json(ev->data));
             meta m{ev->id, ev->source, ev->type, ev->subject, ev->sequence, ev->time, {}};  // as the apply path computes it
             r.effect_key = p.effect_key(*h, decoded.get(), m).value_or(event_id);
         } catch (const std::exception& e) {
@@ -216,8 +227,10 @@ explanation explain(const snapshot& snap, std::string_view consumer_name, const 
                   " under the same id with other content were dead-lettered as id_conflict (the first effect stands)";
     }
     if (q.key) {
+        detail::upcast_chain upcasts;
+        for (const auto& step : q.upcasters) upcasts.add(step);
         for (const auto* p : q.projections) {
-            auto r = check_row(snap, *p, *q.key, body, event_id);
+            auto r = check_row(snap, *p, *q.key, body, event_id, upcasts);
             detail += "; " + r.note;
             x.rows.push_back(std::move(r));
         }

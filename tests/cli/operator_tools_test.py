@@ -105,6 +105,10 @@ class why_test(case):
         self.assertEqual(p["answer"], "parked")           # was never_seen
         self.assertEqual(p["parked"], {"subject": "o2", "sequence": 3, "waiting_for": 1})
         self.assertIn("waits for sequence 1", p["detail"])
+        # Its body is kept (parked), a version 1 order line: lifted as the apply path lifts it.
+        k = self.why(db, "--event", "/shop/e3", "--key", "o2", "--projection", "order-totals")
+        self.assertIs(k["rows"][0]["holds_effect"], False, k["rows"][0]["note"])
+        self.assertIsNotNone(k["rows"][0]["effect_key"])
 
         f = self.why(db, "--event", "/venue/f2", "--key", "acct/ES", "--projection", "positions")
         self.assertEqual(f["answer"], "parked")

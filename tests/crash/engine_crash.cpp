@@ -364,10 +364,8 @@ std::size_t deliver(const options& o, const std::vector<message>& log, const std
         eo.store = store_options_for(o);
         eo.max_batch = o.max_batch;
         idem::engine engine{io.get_executor(), eo};
-        engine.add(idem::examples::order_totals())
-            .add(idem::examples::positions())
-            .add(idem::examples::leaderboard())
-            .add(idem::examples::inventory());
+        // The example domains as the `idem` tool has them: projections and the orders upcaster.
+        engine.add_projections([](idem::store& s) { idem::examples::add_all(s); });
         std::atomic<std::size_t> next{0};
         for (std::size_t i = 0; i < o.submitters; ++i) {
             boost::asio::co_spawn(io, submit(engine, pending, next, ack_fd), [&](std::exception_ptr ex) {

@@ -67,6 +67,7 @@ int why(const tool_context& t, const arguments& a) {
     auto snap = snapshot::open(db);
     if (auto key = a.get("key")) {
         q.key = *key;
+        q.upcasters = t.upcasters;
         for (const auto& p : t.projections) {
             if (auto only = a.get("projection")) {
                 if (p->name() == *only) q.projections.push_back(p.get());

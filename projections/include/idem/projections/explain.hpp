@@ -23,6 +23,7 @@ struct why_query {
     std::string transport{};                 ///< the transport of message ("": any that holds it)
     std::optional<std::string> key{};        ///< also: does this row hold the event's effect?
     std::vector<const projection_base*> projections{};  ///< whose rows to check (those with a row `key`)
+    std::vector<upcaster> upcasters{};  ///< the store's upcasters: an old event is lifted as the apply path lifts it
 };
 
 /// Whether a row holds an event's effect.
