@@ -39,6 +39,7 @@ namespace {
 
 struct measured {
     double seconds = 0;
+    double cpu_seconds = 0;  // user + system of the child, all threads: robust to a loaded machine
     long max_rss_kb = 0;
 };
 
@@ -63,6 +64,8 @@ measured in_child(F fn) {
     ::wait4(pid, &status, 0, &ru);
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) usage("a measured run failed");
     m.max_rss_kb = ru.ru_maxrss;
+    auto secs = [](const timeval& t) { return double(t.tv_sec) + double(t.tv_usec) / 1e6; };
+    m.cpu_seconds = secs(ru.ru_utime) + secs(ru.ru_stime);
     return m;
 }
 
@@ -174,15 +177,17 @@ int main(int argc, char** argv) {
     std::printf("logs: jsonl %.1f MB, binary %.1f MB\n", double(std::filesystem::file_size(jsonl)) / 1e6,
                 double(std::filesystem::file_size(binary)) / 1e6);
 
-    std::vector<double> bin_s, jsonl_s, bulk_s;
+    std::vector<double> bin_s, jsonl_s, bulk_s, bin_cpu, jsonl_cpu;
     long bin_rss = 0, jsonl_rss = 0, bulk_rss = 0;
     std::vector<std::pair<std::string, std::string>> rows;
     for (int r = 0; r < runs; ++r) {
         auto b = in_child([&] { return rebuild_once(dir / "db-binary", binary); });
         bin_s.push_back(b.seconds);
+        bin_cpu.push_back(b.cpu_seconds);
         bin_rss = std::max(bin_rss, b.max_rss_kb);
         auto j = in_child([&] { return rebuild_once(dir / "db-jsonl", jsonl); });
         jsonl_s.push_back(j.seconds);
+        jsonl_cpu.push_back(j.cpu_seconds);
         jsonl_rss = std::max(jsonl_rss, j.max_rss_kb);
         if (rows.empty()) rows = read_table(dir / "db-binary", idem::layout::rows_table("positions"));
         auto l = in_child([&] { return bulk_load(dir / "db-bulk", rows); });
@@ -190,14 +195,14 @@ int main(int argc, char** argv) {
         bulk_rss = std::max(bulk_rss, l.max_rss_kb);
     }
     const double n = double(lines);
-    auto report = [&](const char* what, double s, long rss_kb, double base) {
-        std::printf("%-28s %8.3f s  %10.0f events/s  peak RSS %6.1f MB  %6.2fx the bulk load's time\n", what, s, n / s,
-                    double(rss_kb) / 1024, s / base);
+    auto report = [&](const char* what, double s, double cpu, long rss_kb, double base) {
+        std::printf("%-28s %8.3f s  %10.0f events/s  %5.2f CPU us/event  peak RSS %6.1f MB  %6.2fx the bulk load's time\n",
+                    what, s, n / s, cpu * 1e6 / n, double(rss_kb) / 1024, s / base);
     };
     const double bulk = median(bulk_s);
     std::printf("median of %d runs (each in its own process):\n", runs);
-    report("rebuild from binary log", median(bin_s), bin_rss, bulk);
-    report("rebuild from JSON Lines", median(jsonl_s), jsonl_rss, bulk);
+    report("rebuild from binary log", median(bin_s), median(bin_cpu), bin_rss, bulk);
+    report("rebuild from JSON Lines", median(jsonl_s), median(jsonl_cpu), jsonl_rss, bulk);
     std::printf("%-28s %8.3f s  %10zu rows        peak RSS %6.1f MB\n", "raw LMDB bulk load of rows", bulk, rows.size(),
                 double(bulk_rss) / 1024);
     std::filesystem::remove_all(dir);
