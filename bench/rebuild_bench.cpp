@@ -2,10 +2,11 @@
 // and from JSON Lines, against a raw-LMDB bulk load of the very rows the rebuild produced
 // (sorted, MDB_APPEND, one transaction, one sync: the least any rebuild must write).
 //
-//   rebuild_bench [--events N] [--aggregates N] [--duplicates SHARE] [--runs N] [--dir DIR]
+//   rebuild_bench [--events N] [--aggregates N] [--duplicates SHARE] [--defects] [--runs N] [--dir DIR]
 //
 // Workload: trading fills (examples/domains), N distinct events over N aggregates'
-// positions, SHARE of them redelivered later. Each measured run is a child process, so its
+// positions, SHARE of them redelivered later. --defects keeps the defect mix of `idem gen`
+// (republished events, drop-copy reissues, reordered events that park, malformed lines). Each measured run is a child process, so its
 // peak memory (ru_maxrss) is its own. Prints medians and ratios.
 
 #include <idem/sources/rebuild.hpp>
@@ -33,7 +34,7 @@ namespace {
 
 [[noreturn]] void usage(const char* why) {
     std::fprintf(stderr, "rebuild_bench: %s\nusage: rebuild_bench [--events N] [--aggregates N] [--duplicates SHARE] "
-                         "[--runs N] [--dir DIR]\n", why);
+                         "[--defects] [--runs N] [--dir DIR]\n", why);
     std::exit(2);
 }
 
@@ -148,10 +149,15 @@ int main(int argc, char** argv) {
     g.reissue = 0;
     g.reorder = 0;
     g.malformed = 0;
+    bool defects = false;
     int runs = 3;
     std::filesystem::path dir = std::filesystem::temp_directory_path() / ("idem-rebuild-bench-" + std::to_string(::getpid()));
     for (int i = 1; i < argc; ++i) {
         std::string a = argv[i];
+        if (a == "--defects") {
+            defects = true;
+            continue;
+        }
         if (i + 1 >= argc) usage(("missing value for " + a).c_str());
         std::string v = argv[++i];
         if (a == "--events") g.events = std::stoull(v);
@@ -160,6 +166,13 @@ int main(int argc, char** argv) {
         else if (a == "--runs") runs = std::max(1, std::stoi(v));
         else if (a == "--dir") dir = v;
         else usage(("unknown option " + a).c_str());
+    }
+    if (defects) {
+        const idem::examples::gen_options mix;
+        g.republish = mix.republish;
+        g.reissue = mix.reissue;
+        g.reorder = mix.reorder;
+        g.malformed = mix.malformed;
     }
     std::filesystem::create_directories(dir);
     const auto jsonl = dir / "fills.jsonl";
@@ -171,9 +184,9 @@ int main(int argc, char** argv) {
         lines = r.lines;
     }
     idem::convert_log(jsonl, binary, idem::log_format::binary);
-    std::printf("workload: %llu trading fills over %llu positions, %.0f%% redelivered: %llu log records\n",
+    std::printf("workload: %llu trading fills over %llu positions, %.0f%% redelivered%s: %llu log records\n",
                 static_cast<unsigned long long>(g.events), static_cast<unsigned long long>(g.aggregates),
-                g.redeliver * 100, static_cast<unsigned long long>(lines));
+                g.redeliver * 100, defects ? ", idem gen's defect mix" : "", static_cast<unsigned long long>(lines));
     std::printf("logs: jsonl %.1f MB, binary %.1f MB\n", double(std::filesystem::file_size(jsonl)) / 1e6,
                 double(std::filesystem::file_size(binary)) / 1e6);
 
