@@ -2,10 +2,11 @@
 // and from JSON Lines, against a raw-LMDB bulk load of the very rows the rebuild produced
 // (sorted, MDB_APPEND, one transaction, one sync: the least any rebuild must write).
 //
-//   rebuild_bench [--events N] [--aggregates N] [--duplicates SHARE] [--runs N] [--dir DIR]
+//   rebuild_bench [--events N] [--aggregates N] [--duplicates SHARE] [--defects] [--runs N] [--dir DIR]
 //
 // Workload: trading fills (examples/domains), N distinct events over N aggregates'
-// positions, SHARE of them redelivered later. Each measured run is a child process, so its
+// positions, SHARE of them redelivered later. --defects keeps the defect mix of `idem gen`
+// (republished events, drop-copy reissues, reordered events that park, malformed lines). Each measured run is a child process, so its
 // peak memory (ru_maxrss) is its own. Prints medians and ratios.
 
 #include <idem/sources/rebuild.hpp>
@@ -33,12 +34,13 @@ namespace {
 
 [[noreturn]] void usage(const char* why) {
     std::fprintf(stderr, "rebuild_bench: %s\nusage: rebuild_bench [--events N] [--aggregates N] [--duplicates SHARE] "
-                         "[--runs N] [--dir DIR]\n", why);
+                         "[--defects] [--runs N] [--dir DIR]\n", why);
     std::exit(2);
 }
 
 struct measured {
     double seconds = 0;
+    double cpu_seconds = 0;  // user + system of the child, all threads: robust to a loaded machine
     long max_rss_kb = 0;
 };
 
@@ -63,6 +65,8 @@ measured in_child(F fn) {
     ::wait4(pid, &status, 0, &ru);
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) usage("a measured run failed");
     m.max_rss_kb = ru.ru_maxrss;
+    auto secs = [](const timeval& t) { return double(t.tv_sec) + double(t.tv_usec) / 1e6; };
+    m.cpu_seconds = secs(ru.ru_utime) + secs(ru.ru_stime);
     return m;
 }
 
@@ -145,10 +149,15 @@ int main(int argc, char** argv) {
     g.reissue = 0;
     g.reorder = 0;
     g.malformed = 0;
+    bool defects = false;
     int runs = 3;
     std::filesystem::path dir = std::filesystem::temp_directory_path() / ("idem-rebuild-bench-" + std::to_string(::getpid()));
     for (int i = 1; i < argc; ++i) {
         std::string a = argv[i];
+        if (a == "--defects") {
+            defects = true;
+            continue;
+        }
         if (i + 1 >= argc) usage(("missing value for " + a).c_str());
         std::string v = argv[++i];
         if (a == "--events") g.events = std::stoull(v);
@@ -157,6 +166,13 @@ int main(int argc, char** argv) {
         else if (a == "--runs") runs = std::max(1, std::stoi(v));
         else if (a == "--dir") dir = v;
         else usage(("unknown option " + a).c_str());
+    }
+    if (defects) {
+        const idem::examples::gen_options mix;
+        g.republish = mix.republish;
+        g.reissue = mix.reissue;
+        g.reorder = mix.reorder;
+        g.malformed = mix.malformed;
     }
     std::filesystem::create_directories(dir);
     const auto jsonl = dir / "fills.jsonl";
@@ -168,21 +184,23 @@ int main(int argc, char** argv) {
         lines = r.lines;
     }
     idem::convert_log(jsonl, binary, idem::log_format::binary);
-    std::printf("workload: %llu trading fills over %llu positions, %.0f%% redelivered: %llu log records\n",
+    std::printf("workload: %llu trading fills over %llu positions, %.0f%% redelivered%s: %llu log records\n",
                 static_cast<unsigned long long>(g.events), static_cast<unsigned long long>(g.aggregates),
-                g.redeliver * 100, static_cast<unsigned long long>(lines));
+                g.redeliver * 100, defects ? ", idem gen's defect mix" : "", static_cast<unsigned long long>(lines));
     std::printf("logs: jsonl %.1f MB, binary %.1f MB\n", double(std::filesystem::file_size(jsonl)) / 1e6,
                 double(std::filesystem::file_size(binary)) / 1e6);
 
-    std::vector<double> bin_s, jsonl_s, bulk_s;
+    std::vector<double> bin_s, jsonl_s, bulk_s, bin_cpu, jsonl_cpu;
     long bin_rss = 0, jsonl_rss = 0, bulk_rss = 0;
     std::vector<std::pair<std::string, std::string>> rows;
     for (int r = 0; r < runs; ++r) {
         auto b = in_child([&] { return rebuild_once(dir / "db-binary", binary); });
         bin_s.push_back(b.seconds);
+        bin_cpu.push_back(b.cpu_seconds);
         bin_rss = std::max(bin_rss, b.max_rss_kb);
         auto j = in_child([&] { return rebuild_once(dir / "db-jsonl", jsonl); });
         jsonl_s.push_back(j.seconds);
+        jsonl_cpu.push_back(j.cpu_seconds);
         jsonl_rss = std::max(jsonl_rss, j.max_rss_kb);
         if (rows.empty()) rows = read_table(dir / "db-binary", idem::layout::rows_table("positions"));
         auto l = in_child([&] { return bulk_load(dir / "db-bulk", rows); });
@@ -190,14 +208,14 @@ int main(int argc, char** argv) {
         bulk_rss = std::max(bulk_rss, l.max_rss_kb);
     }
     const double n = double(lines);
-    auto report = [&](const char* what, double s, long rss_kb, double base) {
-        std::printf("%-28s %8.3f s  %10.0f events/s  peak RSS %6.1f MB  %6.2fx the bulk load's time\n", what, s, n / s,
-                    double(rss_kb) / 1024, s / base);
+    auto report = [&](const char* what, double s, double cpu, long rss_kb, double base) {
+        std::printf("%-28s %8.3f s  %10.0f events/s  %5.2f CPU us/event  peak RSS %6.1f MB  %6.2fx the bulk load's time\n",
+                    what, s, n / s, cpu * 1e6 / n, double(rss_kb) / 1024, s / base);
     };
     const double bulk = median(bulk_s);
     std::printf("median of %d runs (each in its own process):\n", runs);
-    report("rebuild from binary log", median(bin_s), bin_rss, bulk);
-    report("rebuild from JSON Lines", median(jsonl_s), jsonl_rss, bulk);
+    report("rebuild from binary log", median(bin_s), median(bin_cpu), bin_rss, bulk);
+    report("rebuild from JSON Lines", median(jsonl_s), median(jsonl_cpu), jsonl_rss, bulk);
     std::printf("%-28s %8.3f s  %10zu rows        peak RSS %6.1f MB\n", "raw LMDB bulk load of rows", bulk, rows.size(),
                 double(bulk_rss) / 1024);
     std::filesystem::remove_all(dir);

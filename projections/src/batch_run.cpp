@@ -278,7 +278,8 @@ void batch_run::release_parked(const std::string& subject) {
 outcome batch_run::apply_projections(const item& d) {
     const auto& ev = d.ev;
     meta m{ev.id, ev.source, ev.type, ev.subject, ev.sequence, ev.time, {}};
-    std::vector<staged_change> staged;
+    unstage();  // the boxes a dead-lettered event staged return to the spares
+    auto& staged = staged_;
     const bool handled = !d.parts.empty();
     const auto limit = txn_.env().max_key_size();
 
@@ -307,7 +308,7 @@ outcome batch_run::apply_projections(const item& d) {
             const bool own_stream = ev.sequence && key == ev.subject;
             if (own_stream && *ev.sequence <= slot.header.highest_sequence) continue;
             if (holds(p, contributor, pt.contributor_hashes[k])) continue;
-            auto copy = slot.state->clone();
+            auto copy = copy_of(p, *slot.state);
             m.key = key;
             try {
                 pt.handler->apply(*copy, pt.decoded.get(), m);
@@ -332,15 +333,34 @@ outcome batch_run::apply_projections(const item& d) {
     }
     // All handlers succeeded: only now does the event touch the batch's rows. Contributing-set
     // entries carry the event time (the horizon prunes by it), or the consumer's without one.
-    const auto stamp = parse_event_time(ev.time).value_or(clock_.event_time);
+    const auto stamp = d.time_ns.value_or(clock_.event_time);  // prepare parsed ev.time
     for (auto& c : staged) {
-        c.slot->state = std::move(c.state);
+        std::swap(c.slot->state, c.state);  // the row's previous state becomes a spare in unstage()
         c.slot->header.applied += 1;
         if (c.own_stream) c.slot->header.highest_sequence = std::max(c.slot->header.highest_sequence, *ev.sequence);
         c.slot->dirty = true;
         s_.contributors[c.projection]->stage(*c.contributor, stamp, c.contributor_hash);
     }
+    unstage();
     return outcome{outcome_kind::applied, reason::none, {}, 0};
+}
+
+std::unique_ptr<detail::state_box> batch_run::copy_of(std::size_t p, const detail::state_box& state) {
+    if (spare_states_.size() <= p) spare_states_.resize(s_.projections.size());
+    auto& spares = spare_states_[p];
+    if (spares.empty()) return state.clone();
+    auto box = std::move(spares.back());
+    spares.pop_back();
+    state.copy_to(*box);
+    return box;
+}
+
+void batch_run::unstage() {
+    constexpr std::size_t kept = 16;  // per projection: more than any event's rows in practice
+    for (auto& c : staged_) {
+        if (c.state && spare_states_[c.projection].size() < kept) spare_states_[c.projection].push_back(std::move(c.state));
+    }
+    staged_.clear();
 }
 
 // --- finish: what it writes ----------------------------------------------------------------------

@@ -275,6 +275,8 @@ private:
     outcome process(const item& d, bool future);
     void release_parked(const std::string& subject);
     outcome apply_projections(const item& d);
+    std::unique_ptr<detail::state_box> copy_of(std::size_t p, const detail::state_box& state);
+    void unstage();
     // What finish() and spill() write.
     void write_rows();
     void write_dead_letters();
@@ -309,6 +311,10 @@ private:
     std::vector<std::string> dead_letters_;
     std::vector<std::string> collisions_;  // transport collisions seen, encoded as dead letters are
     std::size_t row_bytes_ = 0;            // an estimate of the memory rows_ holds
+    // The changes of the event being applied, and per projection the state boxes they left
+    // behind: a handler runs on a copy, and copying into a spare box allocates nothing.
+    std::vector<staged_change> staged_;
+    std::vector<std::vector<std::unique_ptr<detail::state_box>>> spare_states_;
     std::string source_;                              // where the batch was read from, if from a log
     std::map<std::string, std::string> checkpoints_;  // source -> stored value, written at finish()
     std::uint64_t commit_ = 1;

@@ -66,6 +66,8 @@ class state_box {
 public:
     virtual ~state_box() = default;
     virtual std::unique_ptr<state_box> clone() const = 0;
+    /// Copies this state over into, a box of the same state type, reusing what into holds.
+    virtual void copy_to(state_box& into) const = 0;
 };
 
 template <class State>
@@ -73,6 +75,7 @@ class typed_state final : public state_box {
 public:
     State value{};
     std::unique_ptr<state_box> clone() const override { return std::make_unique<typed_state>(*this); }
+    void copy_to(state_box& into) const override { static_cast<typed_state&>(into).value = value; }
 };
 
 /// A read-only streambuf over bytes, so cereal can read a map view without copying it.
