@@ -385,7 +385,7 @@ class limit_tests(serve_case):
         self.assertEqual(s.request("GET", "/healthz")[0], 200)
         self.assertGreaterEqual(s.metric("idem_http_refused_connections_total"), 1)
 
-    def test_past_the_in_flight_limit_requests_are_503_with_retry_after_and_not_applied(self):
+    def test_past_the_in_flight_limit_requests_are_429_with_retry_after_and_not_applied(self):
         s = self.start("--max-in-flight", 1)
         answers = []
         lock = threading.Lock()
@@ -402,10 +402,10 @@ class limit_tests(serve_case):
             t.start()
         for t in threads:
             t.join()
-        refused = [a for a in answers if a[1] == 503]
+        refused = [a for a in answers if a[1] == 429]
         self.assertTrue(refused, "8 concurrent senders never met the limit of 1")
         self.assertTrue(all(r == "1" for _, _, r in refused))
-        self.assertEqual({a[1] for a in answers}, {200, 503})
+        self.assertEqual({a[1] for a in answers}, {200, 429})
         self.assertEqual(s.stop(), 0)
         rows = dump(self.db)
         self.assertEqual(sorted(rows), sorted(e for e, st, _ in answers if st == 200))
