@@ -705,6 +705,72 @@ class stop_tests(serve_case):
         self.assertEqual(s.stop(), 0)
         self.assertEqual(dump(self.db), reference)
 
+    def test_kill_9_under_concurrent_senders_then_every_event_is_applied_once(self):
+        senders, per_sender = 6, 40
+        rng = random.Random(19)
+        batches = [[event(f"c-{n}-{i}", f"o-{rng.randrange(12)}", rng.randrange(-20, 300)) for i in range(per_sender)]
+                   for n in range(senders)]
+        reference = {}
+        for e in (e for b in batches for e in b):
+            t = reference.setdefault(e["data"]["order_id"], {"total": 0, "lines": 0, "currency": "EUR"})
+            t["total"] += e["data"]["amount"]
+            t["lines"] += 1
+        live = {"server": self.start()}
+        failures = []
+        acked = [0]
+        lock = threading.Lock()
+
+        def sender(n):
+            r = random.Random(n)
+            for e in batches[n]:
+                deadline = time.monotonic() + 60
+                while True:
+                    if time.monotonic() > deadline:
+                        failures.append(f"{e['id']} never got a 200")
+                        return
+                    try:
+                        status, _, out = live["server"].post(e)
+                        if status == 200 and r.random() < 0.1:
+                            status, _, out = live["server"].post(e)  # a retry although it got through
+                    except (OSError, http.client.HTTPException, ValueError):
+                        status, out = None, None
+                    if status == 200:
+                        with lock:
+                            acked[0] += 1
+                        break
+                    if status not in (None, 429, 503):
+                        failures.append((e["id"], status, out))
+                        return
+                    time.sleep(0.02)  # the server is down or busy: retry, as a webhook sender does
+
+        threads = [threading.Thread(target=sender, args=(n,)) for n in range(senders)]
+        for t in threads:
+            t.start()
+        total = senders * per_sender
+        for share in (1 / 3, 2 / 3):  # two kills, mid-stream, with no warning
+            while acked[0] < share * total and any(t.is_alive() for t in threads):
+                time.sleep(0.005)
+            self.assertLess(acked[0], total, "the senders were done before the kill")
+            live["server"].proc.kill()
+            live["server"].proc.wait()
+            live["server"] = self.start()
+        for t in threads:
+            t.join()
+        self.assertEqual(failures, [])
+        self.assertEqual(live["server"].stop(), 0)
+        self.assertEqual(dump(self.db), reference)
+
+    def test_every_200_is_durable_across_a_kill_9_right_after_it(self):
+        for i in range(4):
+            s = self.start()
+            status, _, out = s.post(event(f"d-{i}", f"o-d{i}", 100 + i))
+            self.assertEqual((status, out["outcomes"][0]["outcome"]), (200, "applied"), out)
+            s.proc.kill()  # at once after the answer: no graceful stop, no flush
+            s.proc.wait()
+            rows = dump(self.db)
+            self.assertEqual(rows.get(f"o-d{i}"), {"total": 100 + i, "lines": 1, "currency": "EUR"}, rows)
+        self.assertEqual(len(dump(self.db)), 4)
+
 
 if __name__ == "__main__":
     IDEM = os.path.abspath(sys.argv.pop(1))
