@@ -110,6 +110,42 @@ def standard_headers(msg_id, body, secret=SW_SECRET, ts=None):
     return {"webhook-id": msg_id, "webhook-timestamp": ts, "webhook-signature": "v1," + sig}
 
 
+def raw_exchange(port, data, answers=1, timeout=10):
+    """Sends bytes as they are and returns the status lines and bodies of the answers read back
+    (for requests http.client will not send: smuggling attempts, pipelining)."""
+    c = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    got = b""
+    out = []
+    try:
+        c.sendall(data)
+        while len(out) < answers:
+            while b"\r\n\r\n" not in got:
+                chunk = c.recv(65536)
+                if not chunk:
+                    return out
+                got += chunk
+            head, got = got.split(b"\r\n\r\n", 1)
+            m = re.search(rb"(?i)\r\ncontent-length: *(\d+)", head)
+            n = int(m.group(1)) if m else 0
+            while len(got) < n:
+                chunk = c.recv(65536)
+                if not chunk:
+                    break
+                got += chunk
+            out.append((int(head.split(b" ")[1]), head, got[:n]))
+            got = got[n:]
+    except (ConnectionResetError, BrokenPipeError):
+        pass
+    finally:
+        c.close()
+    return out
+
+
+def raw_post(body, *headers):
+    return (b"POST /events HTTP/1.1\r\nHost: x\r\n" + b"".join(h.encode() + b"\r\n" for h in headers) +
+            b"\r\n" + body)
+
+
 class serve_case(unittest.TestCase):
     def setUp(self):
         self.dir = tempfile.mkdtemp(prefix="idem-http-")
@@ -385,7 +421,7 @@ class limit_tests(serve_case):
         self.assertEqual(s.request("GET", "/healthz")[0], 200)
         self.assertGreaterEqual(s.metric("idem_http_refused_connections_total"), 1)
 
-    def test_past_the_in_flight_limit_requests_are_503_with_retry_after_and_not_applied(self):
+    def test_past_the_in_flight_limit_requests_are_429_with_retry_after_and_not_applied(self):
         s = self.start("--max-in-flight", 1)
         answers = []
         lock = threading.Lock()
@@ -402,13 +438,176 @@ class limit_tests(serve_case):
             t.start()
         for t in threads:
             t.join()
-        refused = [a for a in answers if a[1] == 503]
+        refused = [a for a in answers if a[1] == 429]
         self.assertTrue(refused, "8 concurrent senders never met the limit of 1")
         self.assertTrue(all(r == "1" for _, _, r in refused))
-        self.assertEqual({a[1] for a in answers}, {200, 503})
+        self.assertEqual({a[1] for a in answers}, {200, 429})
         self.assertEqual(s.stop(), 0)
         rows = dump(self.db)
         self.assertEqual(sorted(rows), sorted(e for e, st, _ in answers if st == 200))
+
+
+class security_tests(serve_case):
+    """Hostile requests: each gets a clear 4xx, applies nothing, and the server keeps serving."""
+
+    OLD = "whsec_" + base64.b64encode(b"the old key, being rotated out").decode()
+
+    def signed_server(self, *secrets):
+        f = self.secret_file("sender.conf", "scheme = standard-webhooks\n" +
+                             "".join(f"secret = {k}\n" for k in secrets))
+        return self.start("--webhook-secret-file", f)
+
+    def still_serving(self, s, eid):
+        body = json.dumps(event(eid, "o-" + eid, 1)).encode()
+        status, _, out = s.post(body, headers=standard_headers("msg-" + eid, body))
+        self.assertEqual(status, 200, out)
+        self.assertEqual(out["outcomes"][0]["outcome"], "applied")
+
+    def test_bad_signatures_are_401_apply_nothing_and_the_server_keeps_serving(self):
+        s = self.signed_server(SW_SECRET)
+        body = json.dumps(event("s-1", "o-s", 13)).encode()
+        good = standard_headers("msg_s", body)
+        forged = base64.b64encode(os.urandom(32)).decode()
+        cases = {
+            "forged": dict(good, **{"webhook-signature": "v1," + forged}),
+            "truncated": dict(good, **{"webhook-signature": good["webhook-signature"][:20]}),
+            "empty signature": dict(good, **{"webhook-signature": "v1,"}),
+            "unknown version": dict(good, **{"webhook-signature": "v2," + good["webhook-signature"][3:]}),
+            "replayed 10 minutes later": standard_headers("msg_s", body, ts=int(time.time()) - 600),
+            "from 10 minutes ahead": standard_headers("msg_s", body, ts=int(time.time()) + 600),
+            "timestamp not a number": dict(good, **{"webhook-timestamp": "soon"}),
+            "over another body": standard_headers("msg_s", body + b"\n"),
+            "no webhook-id": {k: v for k, v in good.items() if k != "webhook-id"},
+            "no webhook-timestamp": {k: v for k, v in good.items() if k != "webhook-timestamp"},
+            "no webhook-signature": {k: v for k, v in good.items() if k != "webhook-signature"},
+            "no headers": {},
+        }
+        for i, (name, headers) in enumerate(cases.items()):
+            with self.subTest(name):
+                status, _, out = s.post(body, headers=headers)
+                self.assertEqual(status, 401, out)
+                self.assertIn("error", out)
+                self.assertNotIn(SW_SECRET[6:], json.dumps(out))  # the secret is never echoed
+                self.still_serving(s, f"ok-{i}")
+        self.assertEqual(s.row("o-s")[0], 404)
+        status, _, out = s.post(body, headers=good)  # the genuine request still goes through, once
+        self.assertEqual((status, out["outcomes"][0]["outcome"]), (200, "applied"))
+        self.assertEqual(s.stop(), 0)
+        rows = dump(self.db)
+        self.assertEqual(rows["o-s"]["total"], 13)
+        self.assertEqual(len(rows), len(cases) + 1)
+
+    def test_a_rotated_secret_is_accepted_while_configured_and_refused_once_removed(self):
+        s = self.signed_server(self.OLD, SW_SECRET)
+        for i, secret in enumerate((self.OLD, SW_SECRET)):
+            body = json.dumps(event(f"rot-{i}", "o-rot", 10)).encode()
+            status, _, out = s.post(body, headers=standard_headers(f"msg_rot_{i}", body, secret))
+            self.assertEqual((status, out["outcomes"][0]["outcome"]), (200, "applied"))
+        self.assertEqual(s.stop(), 0)
+        s = self.signed_server(SW_SECRET)  # the old secret removed
+        body = json.dumps(event("rot-2", "o-rot", 10)).encode()
+        status, _, out = s.post(body, headers=standard_headers("msg_rot_2", body, self.OLD))
+        self.assertEqual(status, 401, out)
+        status, _, out = s.post(body, headers=standard_headers("msg_rot_2", body, SW_SECRET))
+        self.assertEqual((status, out["outcomes"][0]["outcome"]), (200, "applied"))
+        self.assertEqual(s.stop(), 0)
+        self.assertEqual(dump(self.db)["o-rot"], {"total": 30, "lines": 3, "currency": "EUR"})
+
+    def test_content_length_with_transfer_encoding_is_400_and_smuggles_nothing(self):
+        s = self.start()
+        inner = json.dumps(event("smuggled", "o-smuggled", 666)).encode()
+        smuggled = (b"POST /events HTTP/1.1\r\nHost: x\r\nContent-Type: " + CE.encode() +
+                    b"\r\nContent-Length: " + str(len(inner)).encode() + b"\r\n\r\n" + inner)
+        chunked = b"0\r\n\r\n"
+        for order in ((f"Content-Length: {len(chunked)}", "Transfer-Encoding: chunked"),
+                      ("Transfer-Encoding: chunked", f"Content-Length: {len(chunked)}")):
+            with self.subTest(order):
+                answers = raw_exchange(s.port, raw_post(chunked + smuggled, "Content-Type: " + CE, *order), answers=2)
+                self.assertTrue(answers, "no answer at all")
+                self.assertEqual(answers[0][0], 400, answers)
+                self.assertEqual(len(answers), 1, "a second request was read after the refused one")
+                self.assertEqual(s.request("GET", "/healthz")[0], 200)
+        self.assertEqual(s.row("o-smuggled")[0], 404)
+        self.assertEqual(self.deliveries(s), 0)
+
+    def test_header_and_body_over_the_limits_are_refused_and_the_server_keeps_serving(self):
+        s = self.start("--max-body", 4096)
+        status, _, out = s.post(event("big", "o-big", 1), headers={"X-Padding": "x" * 20000})
+        self.assertEqual(status, 431, out)
+        self.assertIn("16384", out["error"])
+        status, _, out = s.post(json.dumps(event("big", "o-big", 1) | {"pad": "x" * 10000}))
+        self.assertEqual(status, 413, out)
+        self.assertIn("4096", out["error"])
+        # A Content-Length past the limit is refused on its header, before the body is sent.
+        answers = raw_exchange(s.port, raw_post(b"", "Content-Type: " + CE, "Content-Length: 99999999999"))
+        self.assertEqual(answers[0][0], 413, answers)
+        status, _, out = s.post(event("small", "o-small", 2))
+        self.assertEqual(status, 200, out)
+        self.assertEqual(self.deliveries(s), 1)
+        self.assertEqual(s.row("o-big")[0], 404)
+
+    def test_a_body_that_is_not_utf8_is_400_dead_lettered_and_applies_nothing(self):
+        s = self.start()
+        for i, bad in enumerate((b"\xff\xfe", b"\xc3\x28", b"\xed\xa0\x80")):  # not UTF-8, overlong, a surrogate
+            with self.subTest(bad):
+                body = b'{"specversion":"1.0","id":"u8-' + str(i).encode() + \
+                    b'","source":"/orders","type":"order.line_added","subject":"o-u8","data":{"order_id":"o-u8' + \
+                    bad + b'","amount":1}}'
+                status, _, out = s.post(body)
+                self.assertEqual(status, 400, out)
+                self.assertEqual(out["outcomes"][0]["outcome"], "dead_lettered")
+                self.assertEqual(out["outcomes"][0]["reason"], "invalid_utf8")
+        # A percent escape in a binary-mode header that decodes to a byte that is not UTF-8: the same.
+        status, _, out = s.post(json.dumps({"order_id": "o-u8", "amount": 1}), "application/json",
+                                {"ce-specversion": "1.0", "ce-id": "u8-%FF", "ce-source": "/orders",
+                                 "ce-type": "order.line_added", "ce-subject": "o-u8"})
+        self.assertEqual(status, 400, out)
+        self.assertEqual(out["outcomes"][0]["reason"], "invalid_utf8")
+        status, _, out = s.post(event("u8-ok", "o-ü8", 1))  # genuine UTF-8 is fine
+        self.assertEqual((status, out["outcomes"][0]["outcome"]), (200, "applied"))
+        self.assertEqual(s.stop(), 0)
+        self.assertEqual(list(dump(self.db)), ["o-ü8"])
+
+    def test_pipelined_requests_are_answered_in_order_and_each_applied(self):
+        s = self.start()
+        reqs = b""
+        for i in range(5):
+            body = json.dumps(event(f"p-{i}", "o-p", i + 1)).encode()
+            reqs += raw_post(body, "Content-Type: " + CE, f"Content-Length: {len(body)}")
+        reqs += b"GET /rows/order-totals/o-p HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        answers = raw_exchange(s.port, reqs, answers=6)
+        self.assertEqual([a[0] for a in answers], [200] * 6, answers)
+        for i, a in enumerate(answers[:5]):
+            self.assertEqual(json.loads(a[2])["outcomes"][0]["outcome"], "applied")
+        self.assertEqual(json.loads(answers[5][2])["state"], {"total": 15, "lines": 5, "currency": "EUR"})
+
+    def test_binary_mode_keeps_malformed_percent_escapes_as_they_are(self):
+        s = self.start()
+        for i, eid in enumerate(("a%zz", "a%", "a%4", "%%41")):
+            with self.subTest(eid):
+                status, _, out = s.post(json.dumps({"order_id": "o-pct", "amount": 1}), "application/json",
+                                        {"ce-specversion": "1.0", "ce-id": eid, "ce-source": "/orders",
+                                         "ce-type": "order.line_added", "ce-subject": "o-pct"})
+                self.assertEqual((status, out["outcomes"][0]["outcome"]), (200, "applied"), out)
+        # Kept as they are (documented): the same ids sent structured are the same messages.
+        status, _, out = s.post(event("a%zz", "o-pct", 1))
+        self.assertEqual(out["outcomes"][0]["outcome"], "duplicate_message")
+        status, _, out = s.post(event("%A", "o-pct", 1))  # "%%41" decoded its valid escape only
+        self.assertEqual(out["outcomes"][0]["outcome"], "duplicate_message")
+        self.assertEqual(s.row("o-pct")[1]["state"]["total"], 4)
+
+    def test_binary_mode_with_a_non_json_body_carries_it_as_data_base64(self):
+        s = self.start()
+        headers = {"ce-specversion": "1.0", "ce-id": "bin-1", "ce-source": "/orders", "ce-type": "order.line_added",
+                   "ce-subject": "o-bin"}
+        status, _, out = s.post(b"\x00\x01binary\xff", "application/octet-stream", headers)
+        # order-totals decodes JSON data only: the event is dead-lettered, named, and nothing is applied.
+        self.assertEqual(status, 400, out)
+        self.assertEqual(out["outcomes"][0]["outcome"], "dead_lettered")
+        self.assertEqual(s.row("o-bin")[0], 404)
+        status, _, out = s.post(json.dumps({"order_id": "o-bin", "amount": 3}), "application/json",
+                                dict(headers, **{"ce-id": "bin-2"}))
+        self.assertEqual((status, out["outcomes"][0]["outcome"]), (200, "applied"), out)
 
 
 class tls_tests(serve_case):
@@ -505,6 +704,72 @@ class stop_tests(serve_case):
             self.assertEqual(s.post(e)[0], 200)
         self.assertEqual(s.stop(), 0)
         self.assertEqual(dump(self.db), reference)
+
+    def test_kill_9_under_concurrent_senders_then_every_event_is_applied_once(self):
+        senders, per_sender = 6, 40
+        rng = random.Random(19)
+        batches = [[event(f"c-{n}-{i}", f"o-{rng.randrange(12)}", rng.randrange(-20, 300)) for i in range(per_sender)]
+                   for n in range(senders)]
+        reference = {}
+        for e in (e for b in batches for e in b):
+            t = reference.setdefault(e["data"]["order_id"], {"total": 0, "lines": 0, "currency": "EUR"})
+            t["total"] += e["data"]["amount"]
+            t["lines"] += 1
+        live = {"server": self.start()}
+        failures = []
+        acked = [0]
+        lock = threading.Lock()
+
+        def sender(n):
+            r = random.Random(n)
+            for e in batches[n]:
+                deadline = time.monotonic() + 60
+                while True:
+                    if time.monotonic() > deadline:
+                        failures.append(f"{e['id']} never got a 200")
+                        return
+                    try:
+                        status, _, out = live["server"].post(e)
+                        if status == 200 and r.random() < 0.1:
+                            status, _, out = live["server"].post(e)  # a retry although it got through
+                    except (OSError, http.client.HTTPException, ValueError):
+                        status, out = None, None
+                    if status == 200:
+                        with lock:
+                            acked[0] += 1
+                        break
+                    if status not in (None, 429, 503):
+                        failures.append((e["id"], status, out))
+                        return
+                    time.sleep(0.02)  # the server is down or busy: retry, as a webhook sender does
+
+        threads = [threading.Thread(target=sender, args=(n,)) for n in range(senders)]
+        for t in threads:
+            t.start()
+        total = senders * per_sender
+        for share in (1 / 3, 2 / 3):  # two kills, mid-stream, with no warning
+            while acked[0] < share * total and any(t.is_alive() for t in threads):
+                time.sleep(0.005)
+            self.assertLess(acked[0], total, "the senders were done before the kill")
+            live["server"].proc.kill()
+            live["server"].proc.wait()
+            live["server"] = self.start()
+        for t in threads:
+            t.join()
+        self.assertEqual(failures, [])
+        self.assertEqual(live["server"].stop(), 0)
+        self.assertEqual(dump(self.db), reference)
+
+    def test_every_200_is_durable_across_a_kill_9_right_after_it(self):
+        for i in range(4):
+            s = self.start()
+            status, _, out = s.post(event(f"d-{i}", f"o-d{i}", 100 + i))
+            self.assertEqual((status, out["outcomes"][0]["outcome"]), (200, "applied"), out)
+            s.proc.kill()  # at once after the answer: no graceful stop, no flush
+            s.proc.wait()
+            rows = dump(self.db)
+            self.assertEqual(rows.get(f"o-d{i}"), {"total": 100 + i, "lines": 1, "currency": "EUR"}, rows)
+        self.assertEqual(len(dump(self.db)), 4)
 
 
 if __name__ == "__main__":

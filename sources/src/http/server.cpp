@@ -215,8 +215,12 @@ private:
         answer(404, error_body("no route " + std::string(path)), true);
     }
 
-    void unavailable(std::string_view why) {
-        response r{bhttp::status::service_unavailable, 11};
+    void unavailable(std::string_view why) { refuse(bhttp::status::service_unavailable, why); }
+
+    // 503 (stopping, or a commit not reached) or 429 (this server's own in-flight limit): the
+    // sender is to retry after Retry-After; nothing of the request was submitted.
+    void refuse(bhttp::status status, std::string_view why) {
+        response r{status, 11};
         r.set(bhttp::field::retry_after, std::to_string(srv_->o.retry_after.count()));
         r.set(bhttp::field::content_type, "application/json");
         r.body() = error_body(why);
@@ -239,7 +243,11 @@ private:
         const auto limit = srv_->o.max_in_flight != 0 ? srv_->o.max_in_flight : srv_->eng.options().max_in_flight;
         // A batch larger than the limit still goes through alone, or it would be refused forever.
         const auto busy = srv_->in_flight.load();
-        if (busy > 0 && busy + n > limit) return unavailable("the engine is at its in-flight limit");
+        if (busy > 0 && busy + n > limit) {
+            return refuse(bhttp::status::too_many_requests,
+                          "this server has " + std::to_string(busy) + " events in flight, its limit is " +
+                              std::to_string(limit));
+        }
         srv_->in_flight += n;
         batch_ = in.batch;
         results_.assign(n, {});

@@ -118,7 +118,7 @@ command serve_command(context_fn t) {
          {"inbox-retention", "D", "keep message ids for D (default 4d: longer than the senders' ~3.2-day retries)"},
          {"max-body", "BYTES", "request body at most (default 1048576; 413 past it)"},
          {"max-connections", "N", "open connections at most (default 256)"},
-         {"max-in-flight", "N", "events submitted and not answered at most (default 65536; 503 past it)"},
+         {"max-in-flight", "N", "events submitted and not answered at most (default 65536; 429 past it)"},
          {"read-timeout", "D", "a whole request must arrive within D (default 10s; slow clients are cut off)"},
          {"idle-timeout", "D", "a kept-alive connection waits D for its next request (default 30s)"}},
         [t](const arguments& a) { return serve(t(), a); }};

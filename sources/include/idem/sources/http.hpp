@@ -16,8 +16,8 @@
 // GET /rows/{projection}/{key}[?min_commit=C], GET /metrics, GET /healthz, GET /readyz.
 // Answers: 200 with the outcomes after the durable commit (a duplicate too), 400 with the
 // dead-letter reason, 401 for a missing or wrong signature (nothing applied or stored), 413
-// too large, 415 unknown content type, 503 with Retry-After at the in-flight limit or while
-// stopping. Needs the meson feature `http` (Boost.Beast, OpenSSL).
+// too large, 415 unknown content type, 429 with Retry-After at the server's in-flight limit,
+// 503 with Retry-After while stopping or when the engine fails a commit. Needs the meson feature `http` (Boost.Beast, OpenSSL).
 
 #include <idem/engine/engine.hpp>
 #include <idem/sources/webhook_signature.hpp>
@@ -86,16 +86,16 @@ struct server_options {
     std::size_t max_body = 1 << 20;          ///< bytes of a request body at most (413 past it)
     std::size_t max_header = 16 << 10;       ///< bytes of a request's headers at most (431 past it)
     std::size_t max_connections = 256;       ///< open connections at most; past it new ones are refused
-    std::size_t max_in_flight = 0;           ///< events submitted and not answered at most (503 past it); 0: the engine's
+    std::size_t max_in_flight = 0;           ///< events submitted and not answered at most (429 past it); 0: the engine's
     std::chrono::milliseconds read_timeout{10000};  ///< a whole request must arrive within (slow clients are cut off)
     std::chrono::milliseconds idle_timeout{30000};  ///< a kept-alive connection waits this long for the next request
     std::chrono::milliseconds min_commit_wait{1000};  ///< GET /rows?min_commit waits this long at most
-    std::chrono::seconds retry_after{1};     ///< the Retry-After of a 503
+    std::chrono::seconds retry_after{1};     ///< the Retry-After of a 429 or a 503
 };
 
 /// Counters of a running server, by request.
 struct server_stats {
-    std::array<std::uint64_t, 6> answers{};  ///< answers by class: 2xx, 400, 401, 413/431, 415/404/405, 503
+    std::array<std::uint64_t, 6> answers{};  ///< answers by class: 2xx, 400, 401, 413/431, other 4xx (429 too), 503
     std::uint64_t connections = 0;           ///< open now
     std::uint64_t refused_connections = 0;   ///< past max_connections
     std::uint64_t timeouts = 0;              ///< connections cut off by read_timeout or idle_timeout
