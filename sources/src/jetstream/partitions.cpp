@@ -23,6 +23,7 @@
 #include <charconv>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <thread>
 
 namespace idem::jetstream {
@@ -127,7 +128,9 @@ struct partitioned_consumer::impl {
         std::uint64_t revision = 0;        // the lease's current revision
         std::shared_ptr<fence_state> fence;
         std::unique_ptr<engine> eng;
-        std::unique_ptr<source> src;
+        std::mutex m;                  // guards src while the partition's thread sets it
+        std::unique_ptr<source> src;   // set by the partition's thread
+        std::atomic<bool> stop{false};
         std::thread th;
         std::atomic<bool> done{false};
         std::exception_ptr error;
@@ -182,7 +185,7 @@ partitioned_consumer::partitioned_consumer(partitioned_options options) : impl_(
 partitioned_consumer::~partitioned_consumer() {
     auto& s = *impl_;
     for (auto& [k, p] : s.held) {
-        if (p->src) p->src->stop();
+        p->stop = true;
         if (p->th.joinable()) p->th.join();
         p->eng.reset();
     }
@@ -277,12 +280,20 @@ void partitioned_consumer::impl::start(std::uint32_t k, std::uint64_t revision, 
         }
         if (cb) cb(k, ev);
     };
-    delete_old_consumers(k, so.consumer);
-    p->src = std::make_unique<source>(so);
+    so.stop = &p->stop;
     auto* raw = p.get();
-    p->th = std::thread([raw] {
+    // Setting the consumer up (created on a replicated stream, earlier owners' deleted) takes
+    // round trips to the cluster: it runs on the partition's thread, so the run's thread keeps
+    // renewing the other leases meanwhile.
+    p->th = std::thread([this, raw, so] {
         try {
-            raw->run_result = raw->src->run(*raw->eng);
+            delete_old_consumers(raw->k, so.consumer);
+            auto src = std::make_unique<source>(so);
+            {
+                std::scoped_lock lock{raw->m};
+                raw->src = std::move(src);
+            }
+            if (!raw->stop) raw->run_result = raw->src->run(*raw->eng);
         } catch (...) {
             raw->error = std::current_exception();
         }
@@ -296,7 +307,7 @@ void partitioned_consumer::impl::start(std::uint32_t k, std::uint64_t revision, 
 // Stops partition p's run (everything in flight acked or nak'd) and closes its environment;
 // drop removes the copy (a lost lease, or one given up while running).
 void partitioned_consumer::impl::finish(owned& p, bool drop) {
-    if (p.src) p.src->stop();
+    p.stop = true;  // the source checks it between fetches
     if (p.th.joinable()) p.th.join();
     if (p.eng) p.eng->async_stop(boost::asio::use_future).get();
     p.eng.reset();
