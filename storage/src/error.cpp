@@ -31,6 +31,7 @@ public:
         case errc::broker_failed: return "message broker request failed";
         case errc::stream_changed: return "stream changed under its checkpoint";
         case errc::delivery_exhausted: return "message reached its delivery limit without a committed outcome";
+        case errc::lease_lost: return "the lease fencing this store's commits is no longer held";
         }
         return "unknown idem error";
     }

@@ -228,4 +228,42 @@ TEST_CASE("a map that may not grow fails the batch with map_full and keeps nothi
     CHECK(dump(store.read(), "order-totals") == ref.rows);
 }
 
+TEST_CASE("a closed fence refuses every commit and keeps nothing of it") {
+    temp_dir dir;
+    bool lease_held = true;
+    auto o = options(dir.env());
+    o.fence = [&lease_held] {
+        if (!lease_held) idem::throw_error(idem::errc::lease_lost, "partition 0: the lease may have expired");
+    };
+    idem::store store{o};
+    store.add(totals_by_order());
+    store.add(totals_by_subject());
+    REQUIRE(store.apply(deliver(line("line-1", "order-1", 10, 1), "m-1")).kind == outcome_kind::applied);
+    const auto before = observe(store);
+
+    lease_held = false;
+    const std::vector<idem::delivery> batch{deliver(line("line-2", "order-1", 20, 2), "m-2"),
+                                            deliver(line("line-3", "order-2", 5), "m-3")};
+    for (int i = 0; i < 2; ++i) {
+        try {
+            store.apply(batch, idem::checkpoint{"log", 7});
+            FAIL("a commit passed a closed fence");
+        } catch (const std::system_error& e) {
+            CHECK(e.code() == idem::make_error_code(idem::errc::lease_lost));
+            CHECK(std::string(e.what()).find("partition 0") != std::string::npos);
+        }
+    }
+    CHECK(observe(store) == before);
+
+    lease_held = true;  // the lease taken again: the same batch applies once
+    auto outcomes = store.apply(batch, idem::checkpoint{"log", 7});
+    CHECK(outcomes[0].kind == outcome_kind::applied);
+    CHECK(outcomes[1].kind == outcome_kind::applied);
+    reference ref;
+    ref.add("order-1", 10, 1);
+    ref.add("order-1", 20, 2);
+    ref.add("order-2", 5);
+    CHECK(dump(store.read(), "order-totals") == ref.rows);
+}
+
 }  // TEST_SUITE

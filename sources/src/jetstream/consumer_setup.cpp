@@ -61,7 +61,9 @@ void check_matches(const jsConsumerInfo& ci, const consumer_config& have, const 
     }
     // A consumer that starts past the stream's beginning never delivers what lies before it:
     // those events would be missing from the rows without a word.
-    if (cc.DeliverPolicy != js_DeliverAll && !(cc.DeliverPolicy == js_DeliverByStartSequence && cc.OptStartSeq <= 1)) {
+    const std::uint64_t start_at = std::max<std::uint64_t>(o.start_sequence, 1);
+    if (cc.DeliverPolicy != js_DeliverAll &&
+        !(cc.DeliverPolicy == js_DeliverByStartSequence && cc.OptStartSeq <= start_at)) {
         throw_error(errc::invalid_argument,
                     name_of(o) + " does not deliver the stream from its start (deliver policy " +
                         deliver_policy_name(cc) + " instead of all): the messages before its start would never be applied; use another "
@@ -113,6 +115,10 @@ consumer_config ensure_consumer(const connection& c, const source_options& o) {
     cc.Durable = o.consumer.c_str();
     cc.AckPolicy = js_AckExplicit;
     cc.DeliverPolicy = js_DeliverAll;
+    if (o.start_sequence > 0) {  // by start sequence even from 1: a filtered DeliverAll may skip ahead
+        cc.DeliverPolicy = js_DeliverByStartSequence;
+        cc.OptStartSeq = o.start_sequence;
+    }
     cc.AckWait = s.ack_wait.value_or(default_ack_wait).count();
     cc.MaxDeliver = s.max_deliver.value_or(default_max_deliver);
     std::vector<int64_t> backoff;

@@ -119,7 +119,7 @@ source::source(source_options options) : impl_(std::make_unique<impl>()) {
     (void)detail::read_stream(*s.conn, s.o.stream);  // a missing stream is named before the consumer
     s.cc = detail::ensure_consumer(*s.conn, s.o);
     s.bound = detail::bound_of(s.cc, s.o);
-    s.source_name = checkpoint_source(s.o.stream, s.o.consumer);
+    s.source_name = s.o.checkpoint_name.empty() ? checkpoint_source(s.o.stream, s.o.consumer) : s.o.checkpoint_name;
 }
 
 source::~source() = default;
@@ -301,7 +301,8 @@ source_result source::run(engine& e) {
     // acked for another store (a new one, or this one restored from an older copy): the
     // server will not deliver those messages again, and they would be missing here.
     if (auto ci = detail::consumer_info(*s.conn, s.o.stream, s.o.consumer);
-        ci && ci->AckFloor.Stream > position && !s.o.accept_stream_reset) {
+        ci && ci->AckFloor.Stream > std::max(position, s.o.start_sequence > 0 ? s.o.start_sequence - 1 : 0) &&
+        !s.o.accept_stream_reset) {
         throw_error(errc::invalid_argument,
                     "consumer '" + s.o.consumer + "' of stream '" + s.o.stream + "' has acknowledged up to sequence " +
                         std::to_string(ci->AckFloor.Stream) + ", but " + e.options().store.path.string() +

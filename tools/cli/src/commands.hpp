@@ -13,6 +13,10 @@
 #include <string>
 #include <vector>
 
+namespace idem::jetstream {
+struct source_options;
+}
+
 namespace idem::cli::detail {
 
 /// What a command needs of its tool.
@@ -35,6 +39,10 @@ using context_fn = std::function<tool_context()>;
 
 /// `consume --nats` (jetstream_consume.cpp, with the jetstream feature only).
 int consume_jetstream(const tool_context& t, const arguments& a);
+/// Sets the stream, consumer and delivery options of `consume --nats` from the command line.
+void fill_source_options(const arguments& a, jetstream::source_options& so);
+/// `consume --nats --partitions N` (partitioned_consume.cpp).
+int consume_partitioned(const tool_context& t, const arguments& a);
 /// The options of `consume --nats`.
 std::vector<option> jetstream_consume_options();
 
@@ -64,6 +72,8 @@ command serve_command(context_fn t);
 #ifdef IDEM_JETSTREAM
 /// `publish` (publish.cpp): logs into a JetStream stream.
 command publish_command();
+/// `owners` (partitioned_consume.cpp): a partitioned group's leases.
+command owners_command();
 #endif
 
 /// Writes json to standard output.

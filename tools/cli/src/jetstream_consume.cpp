@@ -118,11 +118,21 @@ std::vector<option> jetstream_consume_options() {
         {"until-caught-up", "",
          "with --nats: stop once everything up to the stream's last sequence at the start is acked"},
         {"ack-log", "FILE", "with --nats: append one JSON line per ack or nak as it is sent (an audit)"},
+        {"partitions", "N",
+         "with --nats: partitioned mode: the stream captures '<prefix>.>' mapped to '<prefix>.<k>.<key>' for k < N; "
+         "this instance takes partitions through leases in the KV bucket idem-leases-<consumer>, each into DIR/p<k>"},
+        {"replica", "NAME",
+         "with --nats: replicated mode: this instance's own durable consumer <consumer>-replica-NAME over the whole "
+         "stream, and a full read model in --db (not with --partitions)"},
+        {"instance", "NAME",
+         "with --partitions: this instance's name in the lease bucket (default: host name and a hash of --db)"},
+        {"lease-ttl", "D",
+         "with --partitions: a lease not renewed within D expires and another instance takes the partition "
+         "(default 10s; the bucket keeps the TTL it was created with)"},
     };
 }
 
-int consume_jetstream(const tool_context& t, const arguments& a) {
-    jetstream::source_options so;
+void fill_source_options(const arguments& a, jetstream::source_options& so) {
     so.servers = jetstream::split_servers(a.required("nats"));
     so.stream = a.required("stream");
     so.consumer = a.required("consumer");
@@ -140,6 +150,20 @@ int consume_jetstream(const tool_context& t, const arguments& a) {
     so.accept_stream_reset = a.flag("accept-stream-reset");
     so.until_caught_up = a.flag("until-caught-up");
     so.stop = &stop_requested;
+}
+
+int consume_jetstream(const tool_context& t, const arguments& a) {
+    if (a.get("partitions")) return consume_partitioned(t, a);
+    for (const char* name : {"instance", "lease-ttl"}) {
+        if (a.get(name)) throw usage_error("option '--" + std::string(name) + "' needs --partitions");
+    }
+    jetstream::source_options so;
+    fill_source_options(a, so);
+    if (auto replica = a.get("replica")) {
+        // Replicated mode: a durable of its own per replica, over the whole stream.
+        if (replica->empty()) throw usage_error("option '--replica': the name is empty");
+        so.consumer += "-replica-" + *replica;
+    }
     std::optional<ack_log> audit;
     if (auto p = a.get("ack-log")) audit.emplace(*p);
     engine* applying = nullptr;  // set once the engine exists, before anything is acked

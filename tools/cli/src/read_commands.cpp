@@ -11,7 +11,9 @@
 #include <idem/storage/event_log.hpp>
 #include <idem/storage/log_position.hpp>
 
+#include <algorithm>
 #include <cstdio>
+#include <fstream>
 
 namespace idem::cli::detail {
 
@@ -43,9 +45,42 @@ int get(const tool_context& t, const arguments& a) {
     return 0;
 }
 
+// The partitions a partitioned instance's directory holds (DIR/owned, one number a line,
+// written by `consume --partitions`), or nothing if DIR is a store of its own.
+std::optional<std::vector<std::string>> owned_partitions(const std::filesystem::path& db) {
+    if (std::filesystem::exists(db / "data.mdb") || !std::filesystem::exists(db / "owned")) return std::nullopt;
+    std::vector<std::string> out;
+    std::ifstream f(db / "owned");
+    for (std::string line; std::getline(f, line);) {
+        if (!line.empty()) out.push_back("p" + line);
+    }
+    return out;
+}
+
+// A partitioned instance: the rows of the partitions it owns (held when it stopped), in key
+// order as one store's dump (a key lives in one partition).
+int dump_partitions(const projection_base& p, const std::filesystem::path& db, const std::vector<std::string>& parts) {
+    std::vector<std::pair<std::string, std::string>> rows;
+    for (const auto& part : parts) {
+        if (!std::filesystem::exists(db / part / "data.mdb")) continue;  // taken, nothing committed yet
+        auto snap = snapshot::open(db / part);
+        snap.scan_raw(p.name(), [&](const snapshot::raw_row_view& r) {
+            std::string line;
+            row_json(line, p, r);
+            rows.emplace_back(std::string(r.key), std::move(line));
+        });
+    }
+    std::sort(rows.begin(), rows.end());
+    output out;
+    for (const auto& r : rows) out.write(r.second);
+    out.flush();
+    return 0;
+}
+
 int dump(const tool_context& t, const arguments& a) {
     const auto& p = t.projection_named(a.required("projection"));
     std::filesystem::path db = a.required("db");
+    if (auto parts = owned_partitions(db)) return dump_partitions(p, db, *parts);
     require_store(db);
     auto snap = snapshot::open(db);
     output out;

@@ -88,6 +88,7 @@ struct tool::impl {
         add(detail::operator_commands(t));
 #ifdef IDEM_JETSTREAM
         commands.push_back(detail::publish_command());
+        commands.push_back(detail::owners_command());
 #endif
 #ifdef IDEM_HTTP
         commands.push_back(detail::serve_command(t));

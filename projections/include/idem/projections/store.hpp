@@ -302,6 +302,10 @@ struct store_options {
     /// key order later (see docs/DESIGN.md "Row journal"); the journal is frozen for folding once
     /// it holds this many entries. 0: automatic (16 per leaf page of the row table, at least 1024).
     std::size_t journal_rows = 0;
+    /// Called inside every write transaction right before it commits (batches, operator actions,
+    /// a bulk build's end): throwing aborts the transaction, so nothing of it is committed. A
+    /// partition owner throws errc::lease_lost here once its lease may have expired (fencing).
+    std::function<void()> fence{};
     /// The library's own test hooks: nothing to set (reached only from the library's internal headers).
     detail::store_hooks hooks{};
 };

@@ -29,8 +29,9 @@ inline void set_before_commit(store_options& o, std::function<void(std::uint64_t
     store_access::before_commit(o.hooks) = std::move(fn);
 }
 
-/// Calls the before-commit hook of o, if one is set.
+/// Calls the fence of o and then its before-commit hook, if they are set.
 inline void before_commit(const store_options& o, std::uint64_t commit) {
+    if (o.fence) o.fence();
     if (const auto& fn = store_access::before_commit(o.hooks)) fn(commit);
 }
 

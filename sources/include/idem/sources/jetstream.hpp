@@ -66,6 +66,12 @@ struct source_options {
     std::string stream;                ///< the stream to consume (must exist)
     std::string consumer;              ///< the durable consumer's name
     std::string filter_subject{};      ///< only these subjects ("" = the whole stream)
+    /// A consumer the source creates delivers from this stream sequence (0 or 1: from the start);
+    /// an existing one must not start later. For an owner that resumes from its checkpoint.
+    std::uint64_t start_sequence = 0;
+    /// The checkpoint's source name ("" = checkpoint_source(stream, consumer)): a partition keeps
+    /// one name while the durable consumer that feeds it changes with each owner.
+    std::string checkpoint_name{};
     consumer_settings settings{};
     /// The redelivery bound when the consumer's settings give none (max_deliver -1): how long
     /// after a first delivery the stream may deliver the same message again.

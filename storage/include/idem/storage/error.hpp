@@ -27,6 +27,7 @@ enum class errc {
     broker_failed,           ///< a message broker refused or failed a request (connect, stream, consumer)
     stream_changed,          ///< a broker's stream went back behind its checkpoint (purged, recreated)
     delivery_exhausted,      ///< a message reached its delivery limit without a committed outcome
+    lease_lost,              ///< the writer no longer holds the lease that fences its commits
 };
 
 /// Returns the category of idem's own error codes ("idem").

@@ -1,0 +1,113 @@
+#pragma once
+
+// Partitioned consumption of one JetStream stream by several processes: the server maps
+// `<prefix>.<key>` to `<prefix>.<partition>.<key>` (a `{{partition(N,1)}}` subject mapping), and
+// each partition is applied by the one instance that holds its lease, into its own LMDB
+// environment `<db>/p<k>`. Leases are keys of a NATS KV bucket, taken and renewed by
+// compare-and-set on their revision and expired by the bucket's TTL; every commit of a partition
+// is fenced by its lease (refused once the lease may have expired). See docs/DESIGN.md
+// "Scale-out".
+//
+//   idem::jetstream::partitioned_options po;
+//   po.source.servers = {"nats://127.0.0.1:4222"};
+//   po.source.stream = "ORDERS";           // captures "orders.>", mapped to orders.<k>.<key>
+//   po.source.consumer = "totals";
+//   po.partitions = 8;
+//   po.db = "data";                         // data/p0 ... data/p7, those this instance owns
+//   po.add_projections = [](idem::store& s) { s.add(order_totals()); };
+//   idem::jetstream::partitioned_consumer pc{po};
+//   pc.run();                               // until stop(): take, renew, balance, give up
+
+#include <idem/engine/engine.hpp>
+#include <idem/sources/jetstream.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace idem::jetstream {
+
+/// Returns the partition (0..partitions-1) the server's `{{partition(N,...)}}` mapping gives a
+/// subject token: FNV-1a (32 bit) of the token's bytes modulo N, as nats-server computes it.
+std::uint32_t partition_of_token(std::string_view token, std::uint32_t partitions);
+
+/// Returns the partition of an aggregate key published by `idem publish` under `<prefix>.>`:
+/// the key is first encoded as one subject token (percent-encoding '.', '*', '>', '%' and bytes
+/// outside 0x21-0x7E, "events" when empty), then hashed as the server does.
+std::uint32_t partition_of(std::string_view aggregate_key, std::uint32_t partitions);
+
+/// Returns the name of partition k's environment under an instance's directory: "p<k>".
+std::string partition_directory(std::uint32_t k);
+
+/// Options of an instance of a partitioned group.
+struct partitioned_options {
+    /// The stream, the group's consumer name (each partition's durable is derived from it) and the
+    /// delivery settings; filter_subject and start_sequence are set per partition.
+    source_options source{};
+    std::uint32_t partitions = 0;      ///< N: fixed for the life of the stream's mapping
+    std::string instance;              ///< this instance's name in the lease bucket (unique in the group)
+    std::filesystem::path db;          ///< the instance's directory: one environment per owned partition
+    engine_options engine{};           ///< per partition; store.path is set to db / p<k>
+    std::function<void(store&)> add_projections{};
+    std::chrono::milliseconds lease_ttl{10000};  ///< a lease not renewed within expires
+    const std::atomic<bool>* stop = nullptr;  ///< checked every tick
+    /// Called for every ack and nak of a partition just before it is sent (on_ack of source is unused).
+    std::function<void(std::uint32_t partition, const ack_event&)> on_ack{};
+    /// Told of every lease taken (true) and lost or given up (false), with why ("taken", "lost",
+    /// "commit refused", "run ended", "rebalanced", "stopped"), on the run's thread.
+    std::function<void(std::uint32_t partition, bool owned, std::uint64_t revision, std::string_view why)> on_lease{};
+};
+
+/// What an instance did.
+struct partitioned_result {
+    std::uint64_t taken = 0;     ///< leases taken
+    std::uint64_t lost = 0;      ///< leases that expired or were taken over while held
+    std::uint64_t given_up = 0;  ///< leases released (rebalancing, stop)
+    std::uint64_t fetched = 0;   ///< messages fetched over all partition runs
+    std::vector<std::uint32_t> owned_at_stop;
+};
+
+/// One instance of a partitioned group.
+class partitioned_consumer {
+public:
+    /// Connects and opens (or creates) the group's lease bucket; throws std::system_error naming
+    /// the cause (errc::invalid_argument for bad options, errc::broker_failed).
+    explicit partitioned_consumer(partitioned_options options);
+    ~partitioned_consumer();
+    partitioned_consumer(const partitioned_consumer&) = delete;
+    partitioned_consumer& operator=(const partitioned_consumer&) = delete;
+
+    /// Takes free partitions, applies them, renews their leases and balances them with the other
+    /// live instances until stop; then stops every partition and gives its lease up. Throws the
+    /// first fatal error of a partition run.
+    partitioned_result run();
+    /// Asks run() to stop (thread-safe).
+    void stop() noexcept;
+
+private:
+    struct impl;
+    std::unique_ptr<impl> impl_;
+};
+
+/// One lease as the bucket holds it.
+struct lease_owner {
+    std::uint32_t partition = 0;
+    std::string instance;  ///< "" when free
+    std::uint64_t revision = 0;
+    std::uint64_t checkpoint = 0;  ///< the owner's last published checkpoint
+};
+
+/// Reads the group's leases from its bucket: one entry per partition that has one.
+std::vector<lease_owner> read_owners(const std::vector<std::string>& servers, const std::string& consumer);
+
+/// Returns the name of a group's lease bucket: "idem-leases-<consumer>".
+std::string lease_bucket(const std::string& consumer);
+
+}  // namespace idem::jetstream

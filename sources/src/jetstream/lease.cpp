@@ -1,0 +1,149 @@
+// The lease bucket: compare-and-set on NATS KV revisions (see lease.hpp for the keys and values).
+
+#include "lease.hpp"
+
+#include <idem/sources/jetstream_partitions.hpp>
+#include <idem/storage/error.hpp>
+
+#include <charconv>
+
+namespace idem::jetstream::detail {
+
+namespace {
+
+std::string lease_key(std::uint32_t k) { return "p." + std::to_string(k); }
+
+std::string lease_value(const std::string& instance, std::uint64_t checkpoint) {
+    return instance + " " + std::to_string(checkpoint);
+}
+
+// Whether a failed conditional write means "not ours / not free" rather than a lost broker:
+// the server answers a wrong last revision with an error, a lost connection times out.
+bool conflict(natsStatus s) {
+    return s != NATS_TIMEOUT && s != NATS_NO_RESPONDERS && s != NATS_CONNECTION_CLOSED &&
+           s != NATS_CONNECTION_DISCONNECTED && s != NATS_NO_SERVER && s != NATS_IO_ERROR;
+}
+
+void check_name(const std::string& what, const std::string& name) {
+    if (name.empty()) throw_error(errc::invalid_argument, what + " is empty");
+    for (char c : name) {
+        bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_';
+        if (!ok) {
+            throw_error(errc::invalid_argument, what + " '" + name + "' holds '" + std::string(1, c) +
+                                                    "': only letters, digits, '-' and '_' are allowed");
+        }
+    }
+}
+
+}  // namespace
+
+lease_bucket::lease_bucket(const connection& c, const std::string& consumer, std::chrono::milliseconds ttl,
+                           int replicas)
+    : name_(idem::jetstream::lease_bucket(consumer)), ttl_(ttl) {
+    check_name("consumer name", consumer);
+    if (js_KeyValue(&kv_, c.js(), name_.c_str()) == NATS_OK) {
+        kvStatus* st = nullptr;
+        if (kvStore_Status(&st, kv_) == NATS_OK) {
+            ttl_ = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::nanoseconds(kvStatus_TTL(st)));
+            kvStatus_Destroy(st);
+        }
+        return;
+    }
+    kvConfig cfg;
+    kvConfig_Init(&cfg);
+    cfg.Bucket = name_.c_str();
+    cfg.History = 1;
+    cfg.TTL = std::chrono::duration_cast<std::chrono::nanoseconds>(ttl).count();
+    cfg.Replicas = replicas;
+    cfg.StorageType = js_FileStorage;
+    check_nats(js_CreateKeyValue(&kv_, c.js(), &cfg), "creating the lease bucket '" + name_ + "'");
+}
+
+lease_bucket::lease_bucket(const connection& c, const std::string& consumer)
+    : name_(idem::jetstream::lease_bucket(consumer)) {
+    check_name("consumer name", consumer);
+    check_nats(js_KeyValue(&kv_, c.js(), name_.c_str()),
+               "opening the lease bucket '" + name_ + "' (no partitioned group of consumer '" + consumer + "'?)");
+}
+
+lease_bucket::~lease_bucket() {
+    if (kv_ != nullptr) kvStore_Destroy(kv_);
+}
+
+lease_entry lease_bucket::read(std::uint32_t k) {
+    kvEntry* e = nullptr;
+    auto s = kvStore_Get(&e, kv_, lease_key(k).c_str());
+    if (s == NATS_NOT_FOUND) return {};
+    check_nats(s, "reading lease " + lease_key(k) + " of bucket '" + name_ + "'");
+    lease_entry out;
+    out.revision = kvEntry_Revision(e);
+    std::string v(static_cast<const char*>(kvEntry_Value(e)), static_cast<std::size_t>(kvEntry_ValueLen(e)));
+    kvEntry_Destroy(e);
+    auto space = v.find(' ');
+    if (v == "-" || space == std::string::npos) return out;  // free
+    out.instance = v.substr(0, space);
+    std::from_chars(v.data() + space + 1, v.data() + v.size(), out.checkpoint);
+    return out;
+}
+
+std::optional<std::uint64_t> lease_bucket::try_take(std::uint32_t k, const std::string& instance,
+                                                    std::uint64_t checkpoint) {
+    auto now = read(k);
+    if (!now.instance.empty()) return std::nullopt;
+    const auto key = lease_key(k);
+    const auto value = lease_value(instance, checkpoint);
+    std::uint64_t rev = 0;
+    natsStatus s = now.revision == 0
+                       ? kvStore_CreateString(&rev, kv_, key.c_str(), value.c_str())
+                       : kvStore_UpdateString(&rev, kv_, key.c_str(), value.c_str(), now.revision);
+    if (s == NATS_OK) return rev;
+    if (conflict(s)) return std::nullopt;
+    throw_nats(s, "taking lease " + key + " of bucket '" + name_ + "'");
+}
+
+std::optional<std::uint64_t> lease_bucket::renew(std::uint32_t k, const std::string& instance,
+                                                 std::uint64_t checkpoint, std::uint64_t revision) {
+    const auto key = lease_key(k);
+    const auto value = lease_value(instance, checkpoint);
+    std::uint64_t rev = 0;
+    auto s = kvStore_UpdateString(&rev, kv_, key.c_str(), value.c_str(), revision);
+    if (s == NATS_OK) return rev;
+    if (!conflict(s)) throw_nats(s, "renewing lease " + key + " of bucket '" + name_ + "'");
+    // A renewal whose answer was lost may have been stored: the lease then still names this
+    // instance (only its holder writes its name), at a revision this instance did not see.
+    auto now = read(k);
+    if (now.instance != instance || now.revision == 0) return std::nullopt;
+    s = kvStore_UpdateString(&rev, kv_, key.c_str(), value.c_str(), now.revision);
+    if (s == NATS_OK) return rev;
+    if (!conflict(s)) throw_nats(s, "renewing lease " + key + " of bucket '" + name_ + "'");
+    return std::nullopt;
+}
+
+bool lease_bucket::release(std::uint32_t k, std::uint64_t revision) {
+    std::uint64_t rev = 0;
+    return kvStore_UpdateString(&rev, kv_, lease_key(k).c_str(), "-", revision) == NATS_OK;
+}
+
+void lease_bucket::heartbeat(const std::string& instance) {
+    std::uint64_t rev = 0;
+    check_nats(kvStore_PutString(&rev, kv_, ("i." + instance).c_str(), "alive"),
+               "renewing instance " + instance + " in bucket '" + name_ + "'");
+}
+
+void lease_bucket::leave(const std::string& instance) { (void)kvStore_Delete(kv_, ("i." + instance).c_str()); }
+
+std::vector<std::string> lease_bucket::live_instances() {
+    kvKeysList list{nullptr, 0};
+    auto s = kvStore_Keys(&list, kv_, nullptr);
+    std::vector<std::string> out;
+    if (s == NATS_NOT_FOUND) return out;
+    check_nats(s, "listing the keys of bucket '" + name_ + "'");
+    for (int i = 0; i < list.Count; ++i) {
+        std::string_view key = list.Keys[i];
+        if (key.starts_with("i.")) out.emplace_back(key.substr(2));
+    }
+    kvKeysList_Destroy(&list);
+    return out;
+}
+
+}  // namespace idem::jetstream::detail

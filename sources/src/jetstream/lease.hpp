@@ -1,0 +1,66 @@
+#pragma once
+
+// The lease bucket of a partitioned group: one NATS KV bucket, "idem-leases-<consumer>", whose
+// TTL is the lease time. Key "p.<k>" is partition k's lease, its value "<instance> <checkpoint>";
+// key "i.<instance>" says the instance is alive. Every change of a lease is a compare-and-set
+// on its revision (kvStore_Create for an absent or deleted key, kvStore_Update with the last
+// revision otherwise), so two instances never both succeed in taking or renewing one lease.
+// A released lease is written as "-" (free) by compare-and-set, never deleted: a delete is not
+// conditional and could remove the lease another instance took meanwhile.
+
+#include "connection.hpp"
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace idem::jetstream::detail {
+
+/// A lease's content as read from the bucket.
+struct lease_entry {
+    std::string instance;  ///< "" when free (released, or absent)
+    std::uint64_t checkpoint = 0;
+    std::uint64_t revision = 0;  ///< 0 when absent or deleted
+};
+
+class lease_bucket {
+public:
+    /// Opens the group's bucket, creating it with the given TTL if it does not exist; an
+    /// existing bucket keeps its TTL (returned by ttl()).
+    lease_bucket(const connection& c, const std::string& consumer, std::chrono::milliseconds ttl, int replicas);
+    /// Opens an existing bucket only (for reading); throws errc::broker_failed naming it if missing.
+    lease_bucket(const connection& c, const std::string& consumer);
+    ~lease_bucket();
+    lease_bucket(const lease_bucket&) = delete;
+    lease_bucket& operator=(const lease_bucket&) = delete;
+
+    std::chrono::milliseconds ttl() const noexcept { return ttl_; }
+
+    /// Reads partition k's lease.
+    lease_entry read(std::uint32_t k);
+    /// Takes partition k's lease if it is absent or free; returns its new revision, or nothing
+    /// when another instance holds it (or took it first).
+    std::optional<std::uint64_t> try_take(std::uint32_t k, const std::string& instance, std::uint64_t checkpoint);
+    /// Renews a held lease by compare-and-set on its revision; returns the new revision, or
+    /// nothing when it is no longer ours (expired, taken over). Throws on a broker failure
+    /// (the lease's state is then unknown: the caller's fence decides).
+    std::optional<std::uint64_t> renew(std::uint32_t k, const std::string& instance, std::uint64_t checkpoint,
+                                       std::uint64_t revision);
+    /// Marks a held lease free by compare-and-set; false when it was no longer ours.
+    bool release(std::uint32_t k, std::uint64_t revision);
+    /// Says that instance is alive (renewed with the leases).
+    void heartbeat(const std::string& instance);
+    /// Says that instance stopped.
+    void leave(const std::string& instance);
+    /// Returns the instances alive now (their heartbeat has not expired).
+    std::vector<std::string> live_instances();
+
+private:
+    kvStore* kv_ = nullptr;
+    std::string name_;
+    std::chrono::milliseconds ttl_{0};
+};
+
+}  // namespace idem::jetstream::detail

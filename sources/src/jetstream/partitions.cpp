@@ -1,0 +1,463 @@
+// One instance of a partitioned group: a loop that renews the leases it holds, takes free
+// partitions up to its share, gives extras up, and runs one JetStream source per owned partition
+// into that partition's own environment. Each partition's commits are fenced: the store calls
+// the fence inside every write transaction, and it refuses once the lease may have expired on
+// the server (the last renewal's send time + TTL - margin), so an owner paused past its lease
+// commits nothing when it wakes. Each owner binds its own durable consumer, named after the
+// revision that took the lease, and deletes those of earlier owners: the acks of a stale owner
+// go to a consumer that no longer exists and cannot ack a message for the new one.
+
+#include <idem/sources/jetstream_partitions.hpp>
+
+#include "connection.hpp"
+#include "lease.hpp"
+#include "publish_naming.hpp"
+
+#include <idem/storage/error.hpp>
+
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/use_future.hpp>
+
+#include <algorithm>
+#include <charconv>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <thread>
+
+namespace idem::jetstream {
+
+namespace {
+
+using clock = std::chrono::steady_clock;
+
+std::int64_t now_ns() { return clock::now().time_since_epoch().count(); }
+
+std::uint64_t decode_position(std::string_view stored) {
+    std::uint64_t v = 0;
+    for (std::size_t i = 0; i < 8 && i < stored.size(); ++i) {
+        v |= std::uint64_t(static_cast<unsigned char>(stored[i])) << (8 * i);
+    }
+    return v;
+}
+
+// The stream's subject must be "<prefix>.>": partition k is then "<prefix>.<k>.>".
+std::string stream_prefix(const detail::connection& c, const std::string& stream) {
+    auto si = detail::stream_info(c, stream);
+    if (!si) throw_error(errc::broker_failed, "stream '" + stream + "' does not exist at '" + c.servers() + "'");
+    if (si->Config->SubjectsLen != 1) {
+        throw_error(errc::invalid_argument, "stream '" + stream + "' captures " + std::to_string(si->Config->SubjectsLen) +
+                                                " subjects: a partitioned stream captures one, '<prefix>.>'");
+    }
+    std::string subject = si->Config->Subjects[0];
+    if (subject.size() < 3 || !subject.ends_with(".>")) {
+        throw_error(errc::invalid_argument, "stream '" + stream + "' captures '" + subject +
+                                                "': a partitioned stream captures '<prefix>.>'");
+    }
+    return subject.substr(0, subject.size() - 2);
+}
+
+}  // namespace
+
+std::uint32_t partition_of_token(std::string_view token, std::uint32_t partitions) {
+    std::uint32_t h = 2166136261u;  // FNV-1a, as Go's hash/fnv New32a
+    for (char c : token) {
+        h ^= static_cast<unsigned char>(c);
+        h *= 16777619u;
+    }
+    return partitions == 0 ? 0 : h % partitions;
+}
+
+std::uint32_t partition_of(std::string_view aggregate_key, std::uint32_t partitions) {
+    return partition_of_token(detail::subject_token(aggregate_key), partitions);
+}
+
+std::string partition_directory(std::uint32_t k) { return "p" + std::to_string(k); }
+
+std::string lease_bucket(const std::string& consumer) { return "idem-leases-" + consumer; }
+
+std::vector<lease_owner> read_owners(const std::vector<std::string>& servers, const std::string& consumer) {
+    detail::connection c{servers, "idem owners"};
+    detail::lease_bucket b{c, consumer};
+    std::vector<lease_owner> out;
+    for (std::uint32_t k = 0; k < 4096; ++k) {
+        auto e = b.read(k);
+        if (e.revision == 0) {
+            // Partitions are numbered densely: stop after a run of absent keys.
+            bool more = false;
+            for (std::uint32_t j = k + 1; j < k + 16 && !more; ++j) more = b.read(j).revision != 0;
+            if (!more) break;
+            continue;
+        }
+        out.push_back({k, e.instance, e.revision, e.checkpoint});
+    }
+    return out;
+}
+
+// What a partition's fence checks inside each write transaction. Once it refuses a commit it
+// stays closed (latched) and marks the copy for replay: a later batch that committed would
+// raise the checkpoint past the refused messages, and a new owner's consumer, which starts
+// after the checkpoint, would never deliver them.
+struct fence_state {
+    std::atomic<std::int64_t> deadline{0};  // steady ns; commits refused after
+    std::atomic<bool> latched{false};
+    std::filesystem::path marker;  // "<db>/p<k>.replay": the copy must not be resumed from
+
+    void latch() {
+        if (latched.exchange(true)) return;
+        std::ofstream{marker};  // created before the refusal is reported (a kill -9 leaves it)
+    }
+};
+
+struct partitioned_consumer::impl {
+    partitioned_options o;
+    std::unique_ptr<detail::connection> conn;
+    std::unique_ptr<detail::lease_bucket> leases;
+    std::string prefix;
+    std::atomic<bool> stop_requested{false};
+    boost::asio::io_context io;
+    std::optional<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> work;
+    std::thread completions;
+    partitioned_result result;
+
+    // One owned partition.
+    struct owned {
+        std::uint32_t k = 0;
+        std::uint64_t taken_revision = 0;  // names this owner's durable consumer
+        std::uint64_t revision = 0;        // the lease's current revision
+        std::shared_ptr<fence_state> fence;
+        std::unique_ptr<engine> eng;
+        std::mutex m;                  // guards src while the partition's thread sets it
+        std::unique_ptr<source> src;   // set by the partition's thread
+        std::atomic<bool> stop{false};
+        std::thread th;
+        std::atomic<bool> done{false};
+        std::exception_ptr error;
+        source_result run_result;
+    };
+    std::map<std::uint32_t, std::unique_ptr<owned>> held;
+
+    bool stopping() const { return stop_requested.load() || (o.stop != nullptr && o.stop->load()); }
+    std::chrono::nanoseconds ttl() const { return leases->ttl(); }
+    std::int64_t deadline_after(std::int64_t sent) const {
+        auto t = std::chrono::duration_cast<std::chrono::nanoseconds>(ttl()).count();
+        return sent + t - t / 5;  // a fifth of the TTL for timer slack and clock rate
+    }
+
+    void start(std::uint32_t k, std::uint64_t revision, std::int64_t sent);
+    void finish(owned& p, bool drop);
+    void drop_copy(std::uint32_t k);
+    void write_owned_file();
+    void drop_foreign_copies();
+    std::uint64_t checkpoint_of(owned& p);
+    std::string durable_prefix(std::uint32_t k) const { return o.source.consumer + "-p" + std::to_string(k) + "-r"; }
+    void delete_old_consumers(std::uint32_t k, const std::string& keep);
+    void renew_held();
+    void tick();
+};
+
+partitioned_consumer::partitioned_consumer(partitioned_options options) : impl_(std::make_unique<impl>()) {
+    auto& s = *impl_;
+    s.o = std::move(options);
+    if (s.o.partitions == 0 || s.o.partitions > 4096) {
+        throw_error(errc::invalid_argument, "partitions: " + std::to_string(s.o.partitions) + " is not within 1-4096");
+    }
+    if (s.o.instance.empty()) throw_error(errc::invalid_argument, "a partitioned consumer needs an instance name");
+    for (char c : s.o.instance) {
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_')) {
+            throw_error(errc::invalid_argument, "instance name '" + s.o.instance +
+                                                    "': only letters, digits, '-' and '_' are allowed");
+        }
+    }
+    if (s.o.lease_ttl < std::chrono::milliseconds(500)) {
+        throw_error(errc::invalid_argument, "lease TTL below 500 ms leaves no time to renew");
+    }
+    if (s.o.source.servers.empty()) throw_error(errc::invalid_argument, "a partitioned consumer needs a server");
+    s.conn = std::make_unique<detail::connection>(s.o.source.servers, "idem " + s.o.instance);
+    s.prefix = stream_prefix(*s.conn, s.o.source.stream);
+    auto si = detail::stream_info(*s.conn, s.o.source.stream);
+    s.leases = std::make_unique<detail::lease_bucket>(*s.conn, s.o.source.consumer, s.o.lease_ttl,
+                                                      std::max(1, static_cast<int>(si->Config->Replicas)));
+    std::filesystem::create_directories(s.o.db);
+}
+
+partitioned_consumer::~partitioned_consumer() {
+    auto& s = *impl_;
+    for (auto& [k, p] : s.held) {
+        p->stop = true;
+        if (p->th.joinable()) p->th.join();
+        p->eng.reset();
+    }
+    s.work.reset();
+    if (s.completions.joinable()) s.completions.join();
+}
+
+void partitioned_consumer::stop() noexcept { impl_->stop_requested = true; }
+
+void partitioned_consumer::impl::drop_copy(std::uint32_t k) {
+    std::error_code ec;
+    std::filesystem::remove_all(o.db / partition_directory(k), ec);
+    std::filesystem::remove(o.db / (partition_directory(k) + ".replay"), ec);
+}
+
+// DIR/owned lists the partitions this instance holds, one a line, replaced atomically: what
+// `idem dump` of DIR shows.
+void partitioned_consumer::impl::write_owned_file() {
+    auto tmp = o.db / "owned.tmp";
+    {
+        std::ofstream f(tmp, std::ios::trunc);
+        for (const auto& [k, p] : held) f << k << "\n";
+    }
+    std::filesystem::rename(tmp, o.db / "owned");
+}
+
+// Before serving anything: a copy of a partition another instance holds now is stale.
+void partitioned_consumer::impl::drop_foreign_copies() {
+    for (const auto& entry : std::filesystem::directory_iterator(o.db)) {
+        auto name = entry.path().filename().string();
+        if (!entry.is_directory() || name.size() < 2 || name[0] != 'p') continue;
+        std::uint32_t k = 0;
+        auto [end, ec] = std::from_chars(name.data() + 1, name.data() + name.size(), k);
+        if (ec != std::errc() || end != name.data() + name.size()) continue;
+        auto lease = leases->read(k);
+        if (k >= o.partitions || (!lease.instance.empty() && lease.instance != o.instance)) drop_copy(k);
+    }
+}
+
+std::uint64_t partitioned_consumer::impl::checkpoint_of(owned& p) {
+    auto name = checkpoint_source(o.source.stream, o.source.consumer) + ".p" + std::to_string(p.k);
+    auto stored = p.eng->read().checkpoint_value(o.engine.store.consumer, name);
+    return stored && stored->size() >= 8 ? decode_position(*stored) : 0;
+}
+
+void partitioned_consumer::impl::delete_old_consumers(std::uint32_t k, const std::string& keep) {
+    jsConsumerNamesList* names = nullptr;
+    jsErrCode jerr{};
+    if (js_ConsumerNames(&names, conn->js(), o.source.stream.c_str(), nullptr, &jerr) != NATS_OK) return;
+    const auto pre = durable_prefix(k);
+    for (int i = 0; i < names->Count; ++i) {
+        std::string n = names->List[i];
+        if (n.starts_with(pre) && n != keep) (void)js_DeleteConsumer(conn->js(), o.source.stream.c_str(), n.c_str(), nullptr, &jerr);
+    }
+    jsConsumerNamesList_Destroy(names);
+}
+
+void partitioned_consumer::impl::start(std::uint32_t k, std::uint64_t revision, std::int64_t sent) {
+    auto p = std::make_unique<owned>();
+    p->k = k;
+    p->taken_revision = revision;
+    p->revision = revision;
+    p->fence = std::make_shared<fence_state>();
+    p->fence->deadline = deadline_after(sent);
+    p->fence->marker = o.db / (partition_directory(k) + ".replay");
+    if (std::filesystem::exists(p->fence->marker)) drop_copy(k);  // a refused commit: replay it all
+    engine_options eo = o.engine;
+    eo.store.path = o.db / partition_directory(k);
+    std::weak_ptr<fence_state> weak = p->fence;
+    const std::string what = "partition " + std::to_string(k) + " of consumer '" + o.source.consumer + "'";
+    eo.store.fence = [weak, what] {
+        auto f = weak.lock();
+        if (!f || f->latched || now_ns() > f->deadline.load()) {
+            if (f) f->latch();
+            throw_error(errc::lease_lost, what + ": the lease may have expired; the commit is refused");
+        }
+    };
+    p->eng = std::make_unique<engine>(io.get_executor(), eo);
+    if (o.add_projections) p->eng->add_projections(o.add_projections);
+
+    source_options so = o.source;
+    so.consumer = durable_prefix(k) + std::to_string(revision);
+    so.filter_subject = prefix + "." + std::to_string(k) + ".>";
+    so.checkpoint_name = checkpoint_source(o.source.stream, o.source.consumer) + ".p" + std::to_string(k);
+    so.start_sequence = checkpoint_of(*p) + 1;  // an older copy resumes; none replays from the start
+    so.until_caught_up = false;
+    // A commit that failed for any reason closes the fence too (from its completion: a storage
+    // failure is not seen inside the transaction that follows it).
+    so.on_ack = [cb = o.on_ack, k, weak](const ack_event& ev) {
+        if (!ev.acked) {
+            if (auto f = weak.lock()) f->latch();
+        }
+        if (cb) cb(k, ev);
+    };
+    so.stop = &p->stop;
+    auto* raw = p.get();
+    // Setting the consumer up (created on a replicated stream, earlier owners' deleted) takes
+    // round trips to the cluster: it runs on the partition's thread, so the run's thread keeps
+    // renewing the other leases meanwhile.
+    p->th = std::thread([this, raw, so] {
+        try {
+            delete_old_consumers(raw->k, so.consumer);
+            auto src = std::make_unique<source>(so);
+            {
+                std::scoped_lock lock{raw->m};
+                raw->src = std::move(src);
+            }
+            if (!raw->stop) raw->run_result = raw->src->run(*raw->eng);
+        } catch (...) {
+            raw->error = std::current_exception();
+        }
+        raw->done = true;
+    });
+    held.emplace(k, std::move(p));
+    ++result.taken;
+    if (o.on_lease) o.on_lease(k, true, revision, "taken");
+}
+
+// Stops partition p's run (everything in flight acked or nak'd) and closes its environment;
+// drop removes the copy (a lost lease, or one given up while running).
+void partitioned_consumer::impl::finish(owned& p, bool drop) {
+    p.stop = true;  // the source checks it between fetches
+    if (p.th.joinable()) p.th.join();
+    if (p.eng) p.eng->async_stop(boost::asio::use_future).get();
+    p.eng.reset();
+    result.fetched += p.run_result.fetched;
+    p.src.reset();
+    if (drop) drop_copy(p.k);
+}
+
+// Renews every held lease; a lease that is no longer ours is dropped at once, and so is a
+// partition whose fence refused a commit or whose run ended by itself.
+void partitioned_consumer::impl::renew_held() {
+    for (auto it = held.begin(); it != held.end();) {
+        auto& p = *it->second;
+        const auto sent = now_ns();
+        std::optional<std::uint64_t> rev;
+        bool known = true;
+        try {
+            rev = leases->renew(p.k, o.instance, checkpoint_of(p), p.revision);
+        } catch (const std::system_error&) {
+            known = false;  // the broker is away: the fence closes by itself at the deadline
+        }
+        if (known && !rev) {
+            p.fence->deadline.store(0);
+            if (o.on_lease) o.on_lease(p.k, false, p.revision, "lost");
+            finish(p, true);
+            ++result.lost;
+            it = held.erase(it);
+            write_owned_file();
+            continue;
+        }
+        if (rev) {
+            p.revision = *rev;
+            p.fence->deadline.store(deadline_after(sent));
+        }
+        if (p.fence->latched && !stopping()) {
+            // A refused commit: this copy may miss messages below its checkpoint. Give the
+            // partition up with the copy; whoever takes it next replays it.
+            finish(p, true);
+            (void)leases->release(p.k, p.revision);
+            if (o.on_lease) o.on_lease(p.k, false, p.revision, "commit refused");
+            ++result.given_up;
+            it = held.erase(it);
+            write_owned_file();
+            continue;
+        }
+        if (p.done && !stopping()) {
+            // The run ended by itself (its consumer deleted, the broker refusing): give the
+            // lease up, so that this or another instance takes the partition afresh.
+            auto error = p.error;
+            p.fence->deadline.store(0);
+            finish(p, false);
+            (void)leases->release(p.k, p.revision);
+            if (o.on_lease) o.on_lease(p.k, false, p.revision, "run ended");
+            it = held.erase(it);
+            write_owned_file();
+            if (error) std::rethrow_exception(error);
+            continue;
+        }
+        ++it;
+    }
+}
+
+void partitioned_consumer::impl::tick() {
+    leases->heartbeat(o.instance);
+    renew_held();
+    // Balance: at most ceil(N / live) each.
+    auto live = std::max<std::size_t>(leases->live_instances().size(), 1);
+    const auto share = static_cast<std::size_t>((o.partitions + live - 1) / live);
+    if (held.size() > share) {
+        auto it = std::prev(held.end());
+        auto& p = *it->second;
+        finish(p, true);
+        (void)leases->release(p.k, p.revision);
+        if (o.on_lease) o.on_lease(p.k, false, p.revision, "rebalanced");
+        ++result.given_up;
+        held.erase(it);
+        write_owned_file();
+        return;
+    }
+    // Take free partitions, starting at a place of this instance's own so that instances
+    // starting together try different ones first.
+    // Partitions this instance has a copy of come first: they resume instead of replaying.
+    const auto first = partition_of_token(o.instance, o.partitions);
+    std::vector<std::uint32_t> order;
+    for (std::uint32_t i = 0; i < o.partitions; ++i) order.push_back((first + i) % o.partitions);
+    std::stable_partition(order.begin(), order.end(), [this](std::uint32_t k) {
+        return std::filesystem::exists(o.db / partition_directory(k));
+    });
+    for (auto k : order) {
+        if (held.size() >= share || stopping()) break;
+        if (held.contains(k)) continue;
+        const auto sent = now_ns();
+        auto lease = leases->read(k);
+        std::optional<std::uint64_t> rev;
+        if (lease.instance == o.instance) {
+            rev = leases->renew(k, o.instance, lease.checkpoint, lease.revision);  // this instance, restarted
+        } else if (lease.instance.empty()) {
+            rev = leases->try_take(k, o.instance, 0);
+        }
+        if (!rev) continue;
+        start(k, *rev, sent);
+        write_owned_file();
+        renew_held();  // starting a partition takes a while (a consumer on a replicated stream)
+    }
+}
+
+partitioned_result partitioned_consumer::run() {
+    auto& s = *impl_;
+    s.work.emplace(s.io.get_executor());
+    s.completions = std::thread([&s] { s.io.run(); });
+    s.drop_foreign_copies();
+    s.write_owned_file();
+    const auto period = std::chrono::duration_cast<std::chrono::milliseconds>(s.ttl() / 4);
+    std::exception_ptr failure;
+    while (!s.stopping()) {
+        try {
+            s.tick();
+        } catch (const std::system_error& e) {
+            if (e.code() != errc::broker_failed) {
+                failure = std::current_exception();
+                break;
+            }
+            // The broker is away: the fences close at their deadlines; renewals go on.
+        }
+        for (auto waited = std::chrono::milliseconds(0); waited < period && !s.stopping();
+             waited += std::chrono::milliseconds(20)) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        }
+    }
+    // Stop: every partition acks what it holds, then its lease is given up; the copies stay
+    // (what this instance held when it stopped is what its dump shows).
+    for (auto& [k, p] : s.held) {
+        s.finish(*p, false);
+        s.result.owned_at_stop.push_back(k);
+        try {
+            (void)s.leases->release(k, p->revision);
+        } catch (const std::system_error&) {
+        }
+        if (s.o.on_lease) s.o.on_lease(k, false, p->revision, "stopped");
+        if (p->error && !failure) failure = p->error;
+    }
+    s.held.clear();
+    try {
+        s.leases->leave(s.o.instance);
+    } catch (const std::system_error&) {
+    }
+    s.work.reset();
+    s.completions.join();
+    if (failure) std::rethrow_exception(failure);
+    return s.result;
+}
+
+}  // namespace idem::jetstream

@@ -1,0 +1,168 @@
+// `consume --nats --partitions N`: one instance of a partitioned group (leases in NATS KV, one
+// environment per owned partition under --db), and `owners`: who holds which partition.
+
+#include "commands.hpp"
+#include "interrupt.hpp"
+#include "json_writer.hpp"
+#include "options.hpp"
+#include "text.hpp"
+
+#include <idem/sources/jetstream_partitions.hpp>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <mutex>
+
+namespace idem::cli::detail {
+
+namespace {
+
+std::uint64_t wall_ns() {
+    return static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+            .count());
+}
+
+// --ack-log in partitioned mode: one JSON line per ack or nak and per lease taken or lost, with
+// the partition and the wall time, written with write(2) so that a killed process leaves them.
+class group_log {
+public:
+    explicit group_log(const std::string& path)
+        : fd_(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644)) {
+        if (fd_ < 0) throw std::system_error(errno, std::system_category(), "option '--ack-log': " + path);
+    }
+    ~group_log() { ::close(fd_); }
+    group_log(const group_log&) = delete;
+    group_log& operator=(const group_log&) = delete;
+
+    void ack(std::uint32_t k, const jetstream::ack_event& ev) {
+        std::string line;
+        json_writer w{line};
+        w.begin_object()
+            .field("partition", std::uint64_t{k})
+            .field("seq", ev.stream_sequence)
+            .field("msgid", ev.message_id)
+            .field("acked", ev.acked)
+            .field("outcome", ev.acked ? std::string(to_string(ev.result.kind)) : std::string("error"))
+            .field("time_ns", wall_ns());
+        w.end_object();
+        write(line);
+    }
+    void lease(std::uint32_t k, bool owned, std::uint64_t revision, std::string_view why) {
+        std::string line;
+        json_writer w{line};
+        w.begin_object()
+            .field("partition", std::uint64_t{k})
+            .field("lease", owned ? "taken" : "ended")
+            .field("revision", revision)
+            .field("why", why)
+            .field("time_ns", wall_ns());
+        w.end_object();
+        write(line);
+    }
+
+private:
+    void write(std::string& line) {
+        line += '\n';
+        std::scoped_lock lock{m_};
+        (void)!::write(fd_, line.data(), line.size());
+    }
+    int fd_;
+    std::mutex m_;
+};
+
+// A name that stays the same when the same --db is started again on the same host, so a
+// restarted instance finds its own leases.
+std::string default_instance(const std::filesystem::path& db) {
+    char host[256] = {};
+    ::gethostname(host, sizeof host - 1);
+    std::string name;
+    for (const char* c = host; *c != 0; ++c) {
+        bool ok = (*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') || *c == '-';
+        name += ok ? *c : '_';
+    }
+    auto path = std::filesystem::weakly_canonical(std::filesystem::absolute(db)).string();
+    const auto h = jetstream::partition_of_token(path, 0xFFFFFFFFu);  // a hash of the path
+    char hex[9];
+    std::snprintf(hex, sizeof hex, "%08x", h);
+    return name + "-" + hex;
+}
+
+int owners(const arguments& a) {
+    auto list = jetstream::read_owners(jetstream::split_servers(a.required("nats")), a.required("consumer"));
+    std::string out;
+    json_writer w{out};
+    w.begin_object();
+    for (const auto& l : list) {
+        w.key(std::to_string(l.partition)).begin_object().field("instance", l.instance).field("revision", l.revision);
+        w.field("checkpoint", l.checkpoint).end_object();
+    }
+    w.end_object();
+    print(out + "\n");
+    return 0;
+}
+
+}  // namespace
+
+int consume_partitioned(const tool_context& t, const arguments& a) {
+    jetstream::partitioned_options po;
+    fill_source_options(a, po.source);
+    if (po.source.until_caught_up) throw usage_error("option '--until-caught-up' is not supported with --partitions");
+    if (a.get("replica")) throw usage_error("option '--replica' is replicated mode: not with --partitions");
+    if (a.get("subject")) throw usage_error("option '--subject' does not apply with --partitions (each partition has its own)");
+    po.partitions = static_cast<std::uint32_t>(a.positive("partitions", 1));
+    if (po.partitions > 4096) throw usage_error("option '--partitions': " + a.required("partitions") + " is more than 4096");
+    po.stop = po.source.stop;  // Ctrl-C, SIGTERM
+    po.db = a.required("db");
+    po.instance = a.get("instance").value_or(default_instance(po.db));
+    if (auto ttl = duration_option(a, "lease-ttl")) {
+        po.lease_ttl = std::chrono::duration_cast<std::chrono::milliseconds>(*ttl);
+    }
+    po.engine.store = t.store_for(po.db);
+    po.engine.store.sync = durability_from(a);
+    retention_from(a, po.engine.store);
+    po.engine.store.retention.clock = retention_clock::wall;
+    po.engine.max_in_flight = std::max<std::size_t>(po.engine.max_in_flight, 2 * po.source.fetch_batch);
+    po.add_projections = t.setup;
+    std::optional<group_log> audit;
+    if (auto p = a.get("ack-log")) audit.emplace(*p);
+    if (audit) {
+        po.on_ack = [&](std::uint32_t k, const jetstream::ack_event& ev) { audit->ack(k, ev); };
+        po.on_lease = [&](std::uint32_t k, bool owned, std::uint64_t rev, std::string_view why) {
+            audit->lease(k, owned, rev, why);
+        };
+    }
+    stop_signals signals;
+    jetstream::partitioned_consumer pc{po};
+    auto r = pc.run();
+    std::string out;
+    json_writer w{out};
+    w.begin_object()
+        .field("instance", po.instance)
+        .field("taken", r.taken)
+        .field("lost", r.lost)
+        .field("given_up", r.given_up)
+        .field("fetched", r.fetched);
+    w.key("owned_at_stop").begin_array();
+    for (auto k : r.owned_at_stop) w.value(std::uint64_t{k});
+    w.end_array().end_object();
+    std::fprintf(stderr, "instance %s of consumer '%s': %s leases taken, %s lost, %s given up\n", po.instance.c_str(),
+                 po.source.consumer.c_str(), with_commas(r.taken).c_str(), with_commas(r.lost).c_str(),
+                 with_commas(r.given_up).c_str());
+    print(out + "\n");
+    return 0;
+}
+
+command owners_command() {
+    return command{"owners",
+                   "print a partitioned group's leases as JSON: partition -> {instance (\"\" when free), revision, "
+                   "checkpoint}",
+                   {{"nats", "URL[,URL...]", "the NATS servers", true},
+                    {"consumer", "NAME", "the group's consumer name (its lease bucket is idem-leases-NAME)", true}},
+                   owners};
+}
+
+}  // namespace idem::cli::detail
