@@ -33,6 +33,10 @@ struct tool_context {
     const projection_base& projection_named(const std::string& n) const;
     /// Returns the names of the tool's projections, in the order they were added.
     std::vector<std::string> projection_names() const;
+    /// Opens the existing store at db as its writer (waiting for the writer lock with --wait),
+    /// with the tool's projections; adjust, when given, changes the options first.
+    std::unique_ptr<store> open_writer(const arguments& a, const std::filesystem::path& db,
+                                       const std::function<void(store_options&)>& adjust = {}) const;
 };
 
 using context_fn = std::function<tool_context()>;

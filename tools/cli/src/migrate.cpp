@@ -17,13 +17,9 @@ namespace {
 int migrate(const tool_context& t, const arguments& a) {
     stop_signals signals;
     std::filesystem::path db = a.required("db");
-    require_store(db);
-    auto o = t.store_for(db);
-    o.wait_for_writer = writer_wait(t.name, a, db);
-    store st{o};
-    t.setup(st);
+    auto st = t.open_writer(a, db);
     const auto started = std::chrono::steady_clock::now();
-    auto r = st.migrate_rows(static_cast<std::size_t>(a.positive("step", 10000)), [](const migrate_result& p) {
+    auto r = st->migrate_rows(static_cast<std::size_t>(a.positive("step", 10000)), [](const migrate_result& p) {
         std::fprintf(stderr, "\rmigrate: %s rows rewritten, %s to go", with_commas(p.rows).c_str(),
                      with_commas(p.remaining).c_str());
     });

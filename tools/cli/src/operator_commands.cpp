@@ -41,16 +41,6 @@ std::string ranges_text(const std::vector<sequence_range>& v) {
     return out.empty() ? "none" : out;
 }
 
-/// The store at db opened as its writer, with the tool's projections.
-std::unique_ptr<store> open_writer(const tool_context& t, const arguments& a, const std::filesystem::path& db) {
-    require_store(db);
-    auto o = t.store_for(db);
-    o.wait_for_writer = writer_wait(t.name, a, db);
-    auto s = std::make_unique<store>(o);
-    t.setup(*s);
-    return s;
-}
-
 int parked(const tool_context& t, const arguments& a) {
     std::filesystem::path db = a.required("db");
     require_store(db);
@@ -81,7 +71,7 @@ int release(const tool_context& t, const arguments& a) {
     release_options o;
     o.drop = a.flag("drop");
     o.note = a.get("reason").value_or("");
-    auto s = open_writer(t, a, db);
+    auto s = t.open_writer(a, db);
     release_result r;
     try {
         r = s->release(subject, o);
@@ -127,7 +117,7 @@ int redrive(const tool_context& t, const arguments& a) {
     }
     o.out_of_order = a.flag("out-of-order");
     o.note = a.get("note").value_or("");
-    auto s = open_writer(t, a, db);
+    auto s = t.open_writer(a, db);
     auto r = s->redrive(o);
     std::string out;
     for (const auto& i : r.items) {

@@ -17,26 +17,22 @@ namespace {
 int prune(const tool_context& t, const arguments& a) {
     stop_signals signals;
     std::filesystem::path db = a.required("db");
-    require_store(db);
-    auto o = t.store_for(db);
-    o.retention.clock = retention_clock::event;
-    o.retention.allowed_lateness = duration_option(a, "allowed-lateness");
+    const auto lateness = duration_option(a, "allowed-lateness");
     prune_limits limits;
     limits.older_than = duration_option(a, "older-than");
-    if (!limits.older_than && !o.retention.allowed_lateness) {
-        throw usage_error("give --older-than, --allowed-lateness or both");
-    }
+    if (!limits.older_than && !lateness) throw usage_error("give --older-than, --allowed-lateness or both");
     limits.max_rows = static_cast<std::size_t>(a.positive("step", limits.max_rows));
     limits.max_time = std::chrono::milliseconds(200);
-    o.wait_for_writer = writer_wait(t.name, a, db);
-    store st{o};
-    t.setup(st);
+    auto st = t.open_writer(a, db, [&](store_options& o) {
+        o.retention.clock = retention_clock::event;
+        o.retention.allowed_lateness = lateness;
+    });
     std::uint64_t ids = 0, contributors = 0, steps = 0;
     double worst = 0;
     const auto started = std::chrono::steady_clock::now();
     for (;;) {
         const auto t0 = std::chrono::steady_clock::now();
-        auto r = st.prune(limits);
+        auto r = st->prune(limits);
         worst = std::max(worst, seconds(std::chrono::steady_clock::now() - t0));
         ++steps;
         ids += r.ids;
@@ -46,7 +42,7 @@ int prune(const tool_context& t, const arguments& a) {
     std::string out;
     json_writer w{out};
     w.begin_object().field("ids", ids).field("contributors", contributors).field("steps", steps);
-    w.field("inbox_size", st.inbox_size());
+    w.field("inbox_size", st->inbox_size());
     w.key("seconds").fixed(seconds(std::chrono::steady_clock::now() - started), 3);
     w.key("worst_step_ms").fixed(worst * 1000, 2);
     w.end_object();

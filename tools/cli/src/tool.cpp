@@ -6,7 +6,9 @@
 
 #include "command_line.hpp"
 #include "commands.hpp"
+#include "interrupt.hpp"
 #include "map_fault.hpp"
+#include "options.hpp"
 
 #include <algorithm>
 #include <cstdio>
@@ -28,6 +30,17 @@ std::vector<std::string> tool_context::projection_names() const {
     std::vector<std::string> out;
     for (const auto& p : projections) out.push_back(p->name());
     return out;
+}
+
+std::unique_ptr<store> tool_context::open_writer(const arguments& a, const std::filesystem::path& db,
+                                                 const std::function<void(store_options&)>& adjust) const {
+    require_store(db);
+    auto o = store_for(db);
+    o.wait_for_writer = writer_wait(name, a, db);
+    if (adjust) adjust(o);
+    auto s = std::make_unique<store>(o);
+    setup(*s);
+    return s;
 }
 
 void print(std::string_view json) {
