@@ -21,8 +21,7 @@ why_row check_row(const snapshot& snap, const projection_base& p, const std::str
     r.key = key;
     if (ev) {
         // Lifted as the apply path lifts it (prepare.cpp): the handler is the lifted type's.
-        detail::upcast_chain::lifted lifted;
-        if (!upcasts.empty() && !ev->data_binary) lifted = upcasts.lift(ev->type, ev->schema_version(), ev->data);
+        auto lifted = upcasts.lift(*ev);
         const std::string type(lifted.type.empty() ? std::string_view(ev->type) : lifted.type);
         const auto* h = p.find(type);
         if (h == nullptr) {
@@ -35,8 +34,7 @@ why_row check_row(const snapshot& snap, const projection_base& p, const std::str
             return r;
         }
         try {
-            auto decoded = lifted.object && lifted.made_by->to == h->event ? lifted.object
-                                                                           : h->decode(lifted.json(ev->data));
+            auto decoded = lifted.decode_for(*h, ev->data);
             meta m{ev->id, ev->source, ev->type, ev->subject, ev->sequence, ev->time, {}};  // as the apply path computes it
             r.effect_key = p.effect_key(*h, decoded.get(), m).value_or(event_id);
         } catch (const std::exception& e) {

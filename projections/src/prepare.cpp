@@ -38,8 +38,7 @@ void prepare_parts(const store::impl& s, const envelope& ev, std::vector<part>& 
     std::size_t used = 0;  // parts are reused (with their strings' capacity) when a batch is recycled
     // Old versions are lifted first: the handlers are those of the type the steps lead to, and
     // they decode the lifted data (binary data is not JSON: no step reads it).
-    upcast_chain::lifted lifted;
-    if (!s.upcasts.empty() && !ev.data_binary) lifted = s.upcasts.lift(ev.type, ev.schema_version(), ev.data);
+    auto lifted = s.upcasts.lift(ev);
     const std::string_view type = lifted.type.empty() ? std::string_view(ev.type) : lifted.type;
     for (std::size_t p = 0; p < s.projections.size(); ++p) {
         const auto& proj = *s.projections[p];
@@ -72,11 +71,7 @@ void prepare_parts(const store::impl& s, const envelope& ev, std::vector<part>& 
             continue;
         }
         try {
-            if (lifted.object && lifted.made_by->to == h->event) {
-                out.decoded = lifted.object;  // the last typed step's result is the handler's event
-            } else {
-                out.decoded = h->decode(lifted.json(ev.data));
-            }
+            out.decoded = lifted.decode_for(*h, ev.data);
         } catch (const std::exception& e) {
             fail(reason::decode_failed, ": data does not decode as " + std::string(type) +
                                             (lifted.changed ? " (after its upcasters)" : "") + ": " + e.what());

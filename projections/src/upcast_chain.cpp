@@ -70,6 +70,16 @@ std::string_view upcast_chain::lifted::json(std::string_view own) {
     return data;
 }
 
+std::shared_ptr<const void> upcast_chain::lifted::decode_for(const projection_base::handler& h, std::string_view own) {
+    if (object && made_by->to == h.event) return object;
+    return h.decode(json(own));
+}
+
+upcast_chain::lifted upcast_chain::lift(const envelope& ev) const {
+    if (steps_.empty() || ev.data_binary) return {};
+    return lift(ev.type, ev.schema_version(), ev.data);
+}
+
 upcast_chain::lifted upcast_chain::lift(std::string_view type, std::uint32_t version, std::string_view data) const {
     lifted out;
     out.type = type;

@@ -4,9 +4,11 @@
 // no gap inside a type's versions) and applied to an event's data before it is decoded.
 
 #include <idem/projections/upcast.hpp>
+#include <idem/storage/envelope.hpp>
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -32,9 +34,14 @@ public:
 
         /// The JSON text of the lifted event (the object's encoded once when a handler needs it).
         std::string_view json(std::string_view own);
+        /// The event as handler h takes it: the last typed step's object when it is h's type,
+        /// else h's decoding of the lifted JSON (own: the event's data). Throws what h throws.
+        std::shared_ptr<const void> decode_for(const projection_base::handler& h, std::string_view own);
     };
     /// Lifts (type, version, data) through the steps from it; version is the event's schema version.
     lifted lift(std::string_view type, std::uint32_t version, std::string_view data) const;
+    /// Lifts ev as every path does: binary data is not JSON, so no step reads it.
+    lifted lift(const envelope& ev) const;
 
 private:
     using step_key = std::pair<std::string, std::uint32_t>;
