@@ -268,11 +268,18 @@ private:
         batch_ = in.batch;
         results_.assign(n, {});
         pending_ = n;
+        // The completions are bound to the server's executor, not to this connection's strand:
+        // the engine's writer then hands a batch's completions over in one post (it groups
+        // them by executor) and returns to committing; a server thread moves each onto its
+        // connection's strand.
         for (std::size_t i = 0; i < n; ++i) {
             srv_->eng.async_apply(std::move(in.deliveries[i]),
-                                  asio::bind_executor(stream_.get_executor(), [self = this->shared_from_this(), i](std::error_code ec,
-                                                                                                    outcome out) {
-                                      self->on_applied(i, ec, std::move(out));
+                                  asio::bind_executor(srv_->executor, [self = this->shared_from_this(), i](
+                                                                          std::error_code ec, outcome out) mutable {
+                                      auto strand = self->stream_.get_executor();
+                                      asio::dispatch(strand, [self = std::move(self), i, ec, out = std::move(out)]() mutable {
+                                          self->on_applied(i, ec, std::move(out));
+                                      });
                                   }));
         }
     }
@@ -420,6 +427,8 @@ void server::impl::accept() {
                 beast::error_code ignored;
                 socket.close(ignored);
             } else {
+                beast::error_code ignored;
+                socket.set_option(tcp::no_delay(true), ignored);  // an answer goes out at once
                 const auto id = self->next_session++;
                 ++self->connections;
                 if (self->tls) {
