@@ -116,19 +116,21 @@ class session : public connection, public std::enable_shared_from_this<session<S
     static constexpr bool is_tls = std::is_same_v<Stream, tls_stream>;
 
 public:
+    // strand is the one the socket was accepted on (its executor).
     template <class... StreamArgs>
-    session(std::shared_ptr<server::impl> srv, std::uint64_t id, StreamArgs&&... args)
-        : srv_(std::move(srv)), stream_(std::forward<StreamArgs>(args)...), id_(id) {}
+    session(std::shared_ptr<server::impl> srv, std::uint64_t id, asio::strand<asio::any_io_executor> strand,
+            StreamArgs&&... args)
+        : srv_(std::move(srv)), strand_(std::move(strand)), stream_(std::forward<StreamArgs>(args)...), id_(id) {}
     ~session() override { srv_->closed(id_); }
 
     // Runs on the connection's strand: every handler of the connection does.
     void start() {
-        asio::dispatch(stream_.get_executor(), [self = this->shared_from_this()] { self->begin(); });
+        asio::dispatch(strand_, [self = this->shared_from_this()] { self->begin(); });
     }
 
     // Stopping: an idle connection is closed now, a busy one after its answer.
     void stop() override {
-        asio::dispatch(stream_.get_executor(), [self = this->shared_from_this()] {
+        asio::dispatch(strand_, [self = this->shared_from_this()] {
             if (!self->busy_) self->close();
         });
     }
@@ -276,7 +278,7 @@ private:
             srv_->eng.async_apply(std::move(in.deliveries[i]),
                                   asio::bind_executor(srv_->executor, [self = this->shared_from_this(), i](
                                                                           std::error_code ec, outcome out) mutable {
-                                      auto strand = self->stream_.get_executor();
+                                      auto& strand = self->strand_;
                                       asio::dispatch(strand, [self = std::move(self), i, ec, out = std::move(out)]() mutable {
                                           self->on_applied(i, ec, std::move(out));
                                       });
@@ -397,6 +399,11 @@ private:
     }
 
     std::shared_ptr<server::impl> srv_;
+    // The connection's strand as its own type, for work handed over from other threads: a copy
+    // of it shares the strand through a std::shared_ptr, where a copy of the stream's
+    // any_io_executor would share a wrapper counted with fences, which ThreadSanitizer cannot
+    // follow across threads.
+    asio::strand<asio::any_io_executor> strand_;
     Stream stream_;
     std::uint64_t id_;
     beast::flat_buffer buffer_;
@@ -416,8 +423,9 @@ private:
 
 void server::impl::accept() {
     // The socket comes on a strand of its own: the connection's handlers run on it.
-    acceptor.async_accept(asio::make_strand(executor), [self = this->shared_from_this()](beast::error_code ec,
-                                                                                          tcp::socket socket) {
+    auto strand_of_next = asio::make_strand(executor);
+    acceptor.async_accept(strand_of_next, [self = this->shared_from_this(), strand_of_next](beast::error_code ec,
+                                                                                           tcp::socket socket) {
         if (ec == asio::error::operation_aborted || !self->acceptor.is_open()) return;
         if (!ec) {
             std::unique_lock lock{self->m};
@@ -432,12 +440,13 @@ void server::impl::accept() {
                 const auto id = self->next_session++;
                 ++self->connections;
                 if (self->tls) {
-                    auto s = std::make_shared<session<tls_stream>>(self, id, std::move(socket), *self->tls);
+                    auto s = std::make_shared<session<tls_stream>>(self, id, strand_of_next, std::move(socket),
+                                                                  *self->tls);
                     self->sessions.emplace(id, s);
                     lock.unlock();
                     s->start();
                 } else {
-                    auto s = std::make_shared<session<beast::tcp_stream>>(self, id, std::move(socket));
+                    auto s = std::make_shared<session<beast::tcp_stream>>(self, id, strand_of_next, std::move(socket));
                     self->sessions.emplace(id, s);
                     lock.unlock();
                     s->start();
