@@ -9,6 +9,10 @@
 
 #include <doctest/doctest.h>
 
+#include <map>
+#include <thread>
+#include <vector>
+
 using namespace idem_test;
 namespace asio = boost::asio;
 
@@ -66,6 +70,52 @@ TEST_SUITE("http server") {
         asio::ip::tcp::socket late{client};
         late.connect(at, ec);
         CHECK(ec);  // the acceptor is closed
+        e.async_stop(asio::use_future).get();
+    }
+
+    TEST_CASE("connections served in parallel on two threads each get their answer after the commit") {
+        idem::test::temp_dir dir;
+        asio::io_context io;
+        io_threads threads{io, 2};
+        idem::engine e{io.get_executor(), engine_options(dir.path(), idem::durability::full)};
+        e.add(totals_by_order());
+        idem::http::server srv{io.get_executor(), e, {}};
+        const auto at = srv.local_endpoint();
+
+        // Eight senders at once, each event once and its first one again (a retry).
+        constexpr int senders = 8, events = 25;
+        std::map<std::string, std::int64_t> reference;
+        for (int t = 0; t < senders; ++t) {
+            for (int k = 0; k < events; ++k) reference["o-" + std::to_string(k % 5)] += k + 1;
+        }
+        std::vector<std::vector<std::string>> answers(senders);
+        std::vector<std::thread> clients;
+        for (int t = 0; t < senders; ++t) {
+            clients.emplace_back([&, t] {
+                auto& mine = answers[static_cast<std::size_t>(t)];
+                auto event = [&](int k) {
+                    return line("s" + std::to_string(t) + "-" + std::to_string(k), "o-" + std::to_string(k % 5), k + 1);
+                };
+                for (int k = 0; k < events; ++k) mine.push_back(round_trip(at, post_request(event(k).to_json())));
+                mine.push_back(round_trip(at, post_request(event(0).to_json())));
+            });
+        }
+        for (auto& c : clients) c.join();
+
+        for (const auto& mine : answers) {
+            REQUIRE(mine.size() == events + 1);
+            for (std::size_t k = 0; k < mine.size(); ++k) {
+                CHECK(mine[k].starts_with("HTTP/1.1 200"));
+                const bool retry = k == events;
+                CHECK(mine[k].find(retry ? "duplicate_message" : "\"outcome\":\"applied\"") != std::string::npos);
+            }
+        }
+        auto rows = dump(e.read(), "order-totals");
+        for (const auto& [order, total] : reference) CHECK(rows[order].total == total);
+        CHECK(srv.stats().answers[0] == senders * (events + 1));
+        CHECK(srv.stats().in_flight == 0);
+
+        srv.async_stop(asio::use_future).get();
         e.async_stop(asio::use_future).get();
     }
 

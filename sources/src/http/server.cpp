@@ -1,8 +1,11 @@
-// The HTTP server: Beast connections on one strand of the embedder's executor. A POST's events
-// are submitted to the engine and its answer is written from the engine's completions, which
-// run only after the commit holding them is durable; so an answer never runs ahead of the
-// disk. Every read has a deadline (a slow client is cut off), the parser bounds the header and
-// the body, and a graceful stop answers what is in flight before it closes.
+// The HTTP server: Beast connections, each on its own strand of the embedder's executor, so
+// that with several threads running it connections are parsed, their signatures checked,
+// their events prepared and their answers written in parallel; the accept loop keeps to a
+// strand of its own. A POST's events are submitted to the engine and its answer is written
+// from the engine's completions (bound to the connection's strand), which run only after the
+// commit holding them is durable; so an answer never runs ahead of the disk. Every read has a
+// deadline (a slow client is cut off), the parser bounds the header and the body, and a
+// graceful stop answers what is in flight before it closes.
 
 #include <idem/sources/http.hpp>
 
@@ -29,6 +32,7 @@
 #include <boost/beast/ssl/ssl_stream.hpp>
 
 #include <atomic>
+#include <mutex>
 #include <charconv>
 #include <optional>
 #include <type_traits>
@@ -72,19 +76,22 @@ bool parse_u64(std::string_view text, std::uint64_t& out) {
 
 struct server::impl : std::enable_shared_from_this<impl> {
     impl(asio::any_io_executor ex, engine& e, server_options options)
-        : strand(asio::make_strand(ex)), eng(e), o(std::move(options)), acceptor(strand) {}
+        : executor(ex), strand(asio::make_strand(ex)), eng(e), o(std::move(options)), acceptor(strand) {}
 
-    asio::strand<asio::any_io_executor> strand;
+    asio::any_io_executor executor;  // each connection gets a strand of it
+    asio::strand<asio::any_io_executor> strand;  // the acceptor's
     engine& eng;
     server_options o;
     tcp::acceptor acceptor;
     tcp::endpoint bound;
+    std::optional<asio::ssl::context> tls;  // set before the first accept, then only read
 
-    // On the strand.
-    bool stopping = false;
-    std::uint64_t next_session = 0;
+    std::uint64_t next_session = 0;  // on the acceptor's strand
+    std::atomic<bool> stopping{false};
+
+    // A connection leaves the table from its destructor, on whichever thread dropped it last.
+    std::mutex m;
     std::unordered_map<std::uint64_t, std::weak_ptr<connection>> sessions;
-    std::optional<asio::ssl::context> tls;
     std::vector<std::pair<asio::any_completion_handler<void(std::error_code)>, asio::any_io_executor>> stopped;
 
     // Read by stats() from any thread.
@@ -96,7 +103,8 @@ struct server::impl : std::enable_shared_from_this<impl> {
 
     void accept();
     void closed(std::uint64_t id);
-    void finish_stop_if_done();
+    void finish_stop_if_done(std::unique_lock<std::mutex>& lock);
+    void stop_sessions();
     std::string metrics() const;
 };
 
@@ -108,12 +116,29 @@ class session : public connection, public std::enable_shared_from_this<session<S
     static constexpr bool is_tls = std::is_same_v<Stream, tls_stream>;
 
 public:
+    // strand is the one the socket was accepted on (its executor).
     template <class... StreamArgs>
-    session(std::shared_ptr<server::impl> srv, std::uint64_t id, StreamArgs&&... args)
-        : srv_(std::move(srv)), stream_(std::forward<StreamArgs>(args)...), id_(id) {}
+    session(std::shared_ptr<server::impl> srv, std::uint64_t id, asio::strand<asio::any_io_executor> strand,
+            StreamArgs&&... args)
+        : srv_(std::move(srv)), strand_(std::move(strand)), stream_(std::forward<StreamArgs>(args)...), id_(id) {}
     ~session() override { srv_->closed(id_); }
 
+    // Runs on the connection's strand: every handler of the connection does.
     void start() {
+        asio::dispatch(strand_, [self = this->shared_from_this()] { self->begin(); });
+    }
+
+    // Stopping: an idle connection is closed now, a busy one after its answer.
+    void stop() override {
+        asio::dispatch(strand_, [self = this->shared_from_this()] {
+            if (!self->busy_) self->close();
+        });
+    }
+
+private:
+    using response = bhttp::response<bhttp::string_body>;
+
+    void begin() {
         if constexpr (is_tls) {
             // The handshake shares the request's deadline: a client that never finishes it is cut off too.
             lowest().expires_after(srv_->o.read_timeout);
@@ -128,14 +153,6 @@ public:
             read();
         }
     }
-
-    // Stopping: an idle connection is closed now, a busy one after its answer.
-    void stop() override {
-        if (!busy_) close();
-    }
-
-private:
-    using response = bhttp::response<bhttp::string_body>;
 
     void read() {
         parser_.emplace();
@@ -242,21 +259,29 @@ private:
         if (n == 0) return answer(200, detail::outcomes_json({}, srv_->eng.durable_commit()), true);
         const auto limit = srv_->o.max_in_flight != 0 ? srv_->o.max_in_flight : srv_->eng.options().max_in_flight;
         // A batch larger than the limit still goes through alone, or it would be refused forever.
-        const auto busy = srv_->in_flight.load();
+        // Counted before the check, so that connections checking at once cannot pass it together.
+        const auto busy = srv_->in_flight.fetch_add(n);
         if (busy > 0 && busy + n > limit) {
+            srv_->in_flight -= n;
             return refuse(bhttp::status::too_many_requests,
                           "this server has " + std::to_string(busy) + " events in flight, its limit is " +
                               std::to_string(limit));
         }
-        srv_->in_flight += n;
         batch_ = in.batch;
         results_.assign(n, {});
         pending_ = n;
+        // The completions are bound to the server's executor, not to this connection's strand:
+        // the engine's writer then hands a batch's completions over in one post (it groups
+        // them by executor) and returns to committing; a server thread moves each onto its
+        // connection's strand.
         for (std::size_t i = 0; i < n; ++i) {
             srv_->eng.async_apply(std::move(in.deliveries[i]),
-                                  asio::bind_executor(srv_->strand, [self = this->shared_from_this(), i](std::error_code ec,
-                                                                                                    outcome out) {
-                                      self->on_applied(i, ec, std::move(out));
+                                  asio::bind_executor(srv_->executor, [self = this->shared_from_this(), i](
+                                                                          std::error_code ec, outcome out) mutable {
+                                      auto& strand = self->strand_;
+                                      asio::dispatch(strand, [self = std::move(self), i, ec, out = std::move(out)]() mutable {
+                                          self->on_applied(i, ec, std::move(out));
+                                      });
                                   }));
         }
     }
@@ -309,7 +334,7 @@ private:
             if (std::chrono::steady_clock::now() >= deadline) {
                 return unavailable("commit " + std::to_string(min_commit) + " is not durable yet");
             }
-            timer_.emplace(srv_->strand, std::chrono::milliseconds(5));
+            timer_.emplace(stream_.get_executor(), std::chrono::milliseconds(5));
             timer_->async_wait([self = this->shared_from_this(), p, key = std::move(key), min_commit,
                                 deadline](beast::error_code ec) mutable {
                 if (ec) return self->close();
@@ -374,6 +399,11 @@ private:
     }
 
     std::shared_ptr<server::impl> srv_;
+    // The connection's strand as its own type, for work handed over from other threads: a copy
+    // of it shares the strand through a std::shared_ptr, where a copy of the stream's
+    // any_io_executor would share a wrapper counted with fences, which ThreadSanitizer cannot
+    // follow across threads.
+    asio::strand<asio::any_io_executor> strand_;
     Stream stream_;
     std::uint64_t id_;
     beast::flat_buffer buffer_;
@@ -392,23 +422,33 @@ private:
 }  // namespace
 
 void server::impl::accept() {
-    acceptor.async_accept(strand, [self = this->shared_from_this()](beast::error_code ec, tcp::socket socket) {
+    // The socket comes on a strand of its own: the connection's handlers run on it.
+    auto strand_of_next = asio::make_strand(executor);
+    acceptor.async_accept(strand_of_next, [self = this->shared_from_this(), strand_of_next](beast::error_code ec,
+                                                                                           tcp::socket socket) {
         if (ec == asio::error::operation_aborted || !self->acceptor.is_open()) return;
         if (!ec) {
+            std::unique_lock lock{self->m};
             if (self->stopping || self->sessions.size() >= self->o.max_connections) {
+                lock.unlock();
                 ++self->refused;
                 beast::error_code ignored;
                 socket.close(ignored);
             } else {
+                beast::error_code ignored;
+                socket.set_option(tcp::no_delay(true), ignored);  // an answer goes out at once
                 const auto id = self->next_session++;
                 ++self->connections;
                 if (self->tls) {
-                    auto s = std::make_shared<session<tls_stream>>(self, id, std::move(socket), *self->tls);
+                    auto s = std::make_shared<session<tls_stream>>(self, id, strand_of_next, std::move(socket),
+                                                                  *self->tls);
                     self->sessions.emplace(id, s);
+                    lock.unlock();
                     s->start();
                 } else {
-                    auto s = std::make_shared<session<beast::tcp_stream>>(self, id, std::move(socket));
+                    auto s = std::make_shared<session<beast::tcp_stream>>(self, id, strand_of_next, std::move(socket));
                     self->sessions.emplace(id, s);
+                    lock.unlock();
                     s->start();
                 }
             }
@@ -418,17 +458,30 @@ void server::impl::accept() {
 }
 
 void server::impl::closed(std::uint64_t id) {
+    std::unique_lock lock{m};
     sessions.erase(id);
     --connections;
-    finish_stop_if_done();
+    finish_stop_if_done(lock);
 }
 
-void server::impl::finish_stop_if_done() {
+void server::impl::finish_stop_if_done(std::unique_lock<std::mutex>&) {
     if (!stopping || !sessions.empty()) return;
     for (auto& [h, ex] : stopped) {
         asio::post(ex, [h = std::move(h)]() mutable { std::move(h)(std::error_code{}); });
     }
     stopped.clear();
+}
+
+void server::impl::stop_sessions() {
+    // Copied first, outside the lock: a session dropped here leaves the table from its destructor.
+    std::vector<std::shared_ptr<connection>> live;
+    {
+        std::scoped_lock lock{m};
+        for (auto& [id, w] : sessions) {
+            if (auto s = w.lock()) live.push_back(std::move(s));
+        }
+    }
+    for (auto& s : live) s->stop();
 }
 
 std::string server::impl::metrics() const {
@@ -500,9 +553,7 @@ server::~server() {
     asio::dispatch(impl_->strand, [self = impl_] {
         beast::error_code ignored;
         self->acceptor.close(ignored);
-        for (auto& [id, w] : self->sessions) {
-            if (auto s = w.lock()) s->stop();
-        }
+        self->stop_sessions();
     });
 }
 
@@ -520,18 +571,16 @@ server_stats server::stats() const {
 
 void server::stop(asio::any_completion_handler<void(std::error_code)> handler, asio::any_io_executor ex) {
     asio::post(impl_->strand, [self = impl_, h = std::move(handler), ex = std::move(ex)]() mutable {
-        self->stopping = true;
         beast::error_code ignored;
         self->acceptor.close(ignored);
-        self->stopped.emplace_back(std::move(h), std::move(ex));
-        // Copy first: a session closed now may leave the map while we walk it.
-        std::vector<std::shared_ptr<connection>> live;
-        for (auto& [id, w] : self->sessions) {
-            if (auto s = w.lock()) live.push_back(std::move(s));
+        {
+            std::unique_lock lock{self->m};
+            self->stopping = true;
+            self->stopped.emplace_back(std::move(h), std::move(ex));
         }
-        for (auto& s : live) s->stop();
-        live.clear();
-        self->finish_stop_if_done();
+        self->stop_sessions();
+        std::unique_lock lock{self->m};
+        self->finish_stop_if_done(lock);
     });
 }
 

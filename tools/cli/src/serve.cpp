@@ -1,5 +1,7 @@
-// `serve`: the HTTP source over the engine on one thread. It prints the address it listens on
-// as its first line of standard output; Ctrl-C or SIGTERM stops gracefully (the requests in
+// `serve`: the HTTP source over the engine, on an io_context run by --threads threads (default
+// 2: connections are parsed, checked and answered in parallel, each on its own strand, while
+// the engine's writer thread commits). It prints the address it listens on as its first line
+// of standard output; Ctrl-C or SIGTERM stops gracefully (the requests in
 // flight are answered after their commit, the rest refused), then the engine stops.
 
 #include "commands.hpp"
@@ -13,6 +15,8 @@
 
 #include <csignal>
 #include <cstdio>
+#include <thread>
+#include <vector>
 
 namespace idem::cli::detail {
 
@@ -66,6 +70,7 @@ int serve(const tool_context& t, const arguments& a) {
     so.max_in_flight = static_cast<std::size_t>(a.positive("max-in-flight", 65536));
     so.read_timeout = millis_option(a, "read-timeout", so.read_timeout);
     so.idle_timeout = millis_option(a, "idle-timeout", so.idle_timeout);
+    const auto threads = static_cast<std::size_t>(a.positive("threads", 2));
 
     const std::filesystem::path db = a.required("db");
     engine_options eo;
@@ -93,7 +98,10 @@ int serve(const tool_context& t, const arguments& a) {
             e.async_stop([&](std::error_code) { io.stop(); });
         });
     });
+    std::vector<std::thread> more;
+    for (std::size_t i = 1; i < threads; ++i) more.emplace_back([&io] { io.run(); });
     io.run();
+    for (auto& th : more) th.join();
     const auto st = srv.stats();
     std::fprintf(stderr, "%s serve: stopped; %llu answers 2xx, %llu timeouts\n", t.name.c_str(),
                  static_cast<unsigned long long>(st.answers[0]), static_cast<unsigned long long>(st.timeouts));
@@ -120,7 +128,8 @@ command serve_command(context_fn t) {
          {"max-connections", "N", "open connections at most (default 256)"},
          {"max-in-flight", "N", "events submitted and not answered at most (default 65536; 429 past it)"},
          {"read-timeout", "D", "a whole request must arrive within D (default 10s; slow clients are cut off)"},
-         {"idle-timeout", "D", "a kept-alive connection waits D for its next request (default 30s)"}},
+         {"idle-timeout", "D", "a kept-alive connection waits D for its next request (default 30s)"},
+         {"threads", "N", "threads serving connections (default 2; the engine's writer has its own)"}},
         [t](const arguments& a) { return serve(t(), a); }};
 }
 

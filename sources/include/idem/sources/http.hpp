@@ -104,8 +104,10 @@ struct server_stats {
 
 /// An HTTP server over an engine, on the caller's executor.
 ///
-/// Thread safety: the server's handlers run on a strand of the executor given; its functions
-/// may be called from any thread. The engine must outlive the server.
+/// Thread safety: each connection's handlers run on a strand of its own of the executor given
+/// (the accept loop on another), so the executor may be run by several threads, which then
+/// serve connections in parallel; its functions may be called from any thread. The engine must
+/// outlive the server.
 class server {
 public:
     /// Loads the TLS files if any, binds options.listen and starts accepting. Throws
