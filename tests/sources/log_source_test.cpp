@@ -163,14 +163,15 @@ TEST_CASE("a rebuild from the binary log, which carries parsed attributes, equal
             idem::log_reader reader{binary};
             idem::log_record record;
             std::uint64_t with_attributes = 0;
-            while (reader.next(record)) with_attributes += record.attributes.empty() ? 0 : 1;
-            CHECK(with_attributes > expected.lines * 9 / 10);  // all but the malformed lines
+            while (reader.next(record)) if (!record.attributes.empty()) ++with_attributes;
+            CHECK(with_attributes * 10 > expected.lines * 9);  // all but the malformed lines
         }
         auto build = [&](const std::filesystem::path& log, const std::filesystem::path& db) {
             idem::rebuild_options r;
             r.store = options(db);
             r.store.unknown_types = idem::unknown_type_policy::dead_letter;
             r.logs = {log};
+            r.transport = "gen";  // msgids count within one transport, whichever file carries them
             r.setup = [](idem::store& s) { idem::examples::add_all(s); };
             r.batch = 500;
             return idem::rebuild(r);
@@ -188,8 +189,8 @@ TEST_CASE("a rebuild from the binary log, which carries parsed attributes, equal
         const std::vector<std::string> projections{"order-totals", "positions", "leaderboard", "inventory"};
         auto diff = idem::compare(a, dir / "from-jsonl", b, dir / "from-binary", projections);
         CHECK_MESSAGE(!diff.first_difference, diff.first_difference.value_or(""));
-        const auto dead_a = a.dead_letters();
-        const auto dead_b = b.dead_letters();
+        const auto dead_a = a.consumer(consumer).dead_letters();
+        const auto dead_b = b.consumer(consumer).dead_letters();
         REQUIRE(dead_a.size() == dead_b.size());
         for (std::size_t i = 0; i < dead_a.size(); ++i) {
             CHECK(dead_a[i].why == dead_b[i].why);
