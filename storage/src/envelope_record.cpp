@@ -2,8 +2,6 @@
 
 #include <idem/storage/envelope_record.hpp>
 
-#include <cstring>
-
 namespace idem {
 namespace {
 
@@ -12,59 +10,82 @@ enum attribute_flag : std::uint8_t {
     binary_data = 2,
 };
 
-constexpr std::uint32_t inline_bytes = 0xFFFFFFFFu;  // a string's offset when its bytes follow
-
-void put_u32(std::string& out, std::uint32_t v) {
-    char b[4];
-    for (int i = 0; i < 4; ++i) b[i] = static_cast<char>(static_cast<unsigned char>(v >> (8 * i)));
-    out.append(b, 4);
-}
-
 void put_u64(std::string& out, std::uint64_t v) {
     char b[8];
     for (int i = 0; i < 8; ++i) b[i] = static_cast<char>(static_cast<unsigned char>(v >> (8 * i)));
     out.append(b, 8);
 }
 
+// LEB128: seven bits a byte, low first, the high bit set on all but the last.
+void put_varint(std::string& out, std::uint64_t v) {
+    while (v >= 0x80) {
+        out.push_back(static_cast<char>(static_cast<unsigned char>(v | 0x80)));
+        v >>= 7;
+    }
+    out.push_back(static_cast<char>(static_cast<unsigned char>(v)));
+}
+
 // A string the body holds verbatim (most attributes: their JSON has no escapes) is its range
-// of the body, as any occurrence of the same bytes serves; another is stored.
+// of the body, as any occurrence of the same bytes serves: offset + 1, length. Another is
+// stored: 0, length, bytes.
 void put_string(std::string& out, std::string_view body, std::string_view s) {
     const auto at = s.empty() ? 0 : body.find(s);
-    if (at != std::string_view::npos && at < inline_bytes) {
-        put_u32(out, static_cast<std::uint32_t>(at));
-        put_u32(out, static_cast<std::uint32_t>(s.size()));
+    if (at != std::string_view::npos) {
+        put_varint(out, at + 1);
+        put_varint(out, s.size());
     } else {
-        put_u32(out, inline_bytes);
-        put_u32(out, static_cast<std::uint32_t>(s.size()));
+        put_varint(out, 0);
+        put_varint(out, s.size());
         out.append(s);
     }
 }
 
-// Reads the fields in order; any read past the end leaves ok false.
+// Reads the fields in order; any read past the end, or out of the body, leaves ok false.
 struct fields {
     std::string_view rest;
+    std::string_view body;
     bool ok = true;
 
-    std::uint64_t number(std::size_t bytes) {
-        if (rest.size() < bytes) {
+    std::uint8_t byte() {
+        if (rest.empty()) {
+            ok = false;
+            return 0;
+        }
+        const auto b = static_cast<std::uint8_t>(rest.front());
+        rest.remove_prefix(1);
+        return b;
+    }
+    std::uint64_t u64() {
+        if (rest.size() < 8) {
             ok = false;
             return 0;
         }
         std::uint64_t v = 0;
-        for (std::size_t i = 0; i < bytes; ++i) v |= std::uint64_t{static_cast<unsigned char>(rest[i])} << (8 * i);
-        rest.remove_prefix(bytes);
+        for (std::size_t i = 0; i < 8; ++i) v |= std::uint64_t{static_cast<unsigned char>(rest[i])} << (8 * i);
+        rest.remove_prefix(8);
         return v;
     }
-    std::string_view string(std::string_view body) {
-        const auto at = number(4);
-        const auto n = number(4);
+    std::uint64_t varint() {
+        std::uint64_t v = 0;
+        for (int shift = 0; shift < 64; shift += 7) {
+            const auto b = byte();
+            if (!ok) return 0;
+            v |= std::uint64_t{b & 0x7Fu} << shift;
+            if ((b & 0x80) == 0) return v;
+        }
+        ok = false;  // longer than a u64
+        return 0;
+    }
+    std::string_view string() {
+        const auto at = varint();
+        const auto n = varint();
         if (!ok) return {};
-        if (at != inline_bytes) {
-            if (at > body.size() || n > body.size() - at) {
+        if (at != 0) {
+            if (at - 1 > body.size() || n > body.size() - (at - 1)) {
                 ok = false;
                 return {};
             }
-            return body.substr(at, n);
+            return body.substr(at - 1, n);
         }
         if (rest.size() < n) {
             ok = false;
@@ -85,7 +106,7 @@ void encode_envelope_attributes(std::string& out, std::string_view body, const e
     out.push_back(static_cast<char>(envelope_rules_revision));
     out.push_back(static_cast<char>(flags));
     put_u64(out, fingerprint);
-    put_u64(out, ev.sequence.value_or(0));
+    if (ev.sequence) put_varint(out, *ev.sequence);
     for (const std::string* s : {&ev.id, &ev.source, &ev.type, &ev.subject, &ev.time, &ev.msgid, &ev.datacontenttype,
                                  &ev.dataschema, &ev.data}) {
         put_string(out, body, *s);
@@ -94,23 +115,22 @@ void encode_envelope_attributes(std::string& out, std::string_view body, const e
 
 bool decode_envelope_attributes(std::string_view attributes, std::string_view body, envelope& out,
                                 std::uint64_t& fingerprint) {
-    fields in{attributes};
-    if (in.number(1) != envelope_rules_revision) return false;
-    const auto flags = static_cast<std::uint8_t>(in.number(1));
-    fingerprint = in.number(8);
-    const auto sequence = in.number(8);
-    for (std::string* s : {&out.id, &out.source, &out.type, &out.subject, &out.time, &out.msgid, &out.datacontenttype,
-                           &out.dataschema, &out.data}) {
-        s->assign(in.string(body));
-    }
-    if (!in.ok || !in.rest.empty() || (flags & ~(has_sequence | binary_data)) != 0) return false;
+    fields in{attributes, body};
+    if (in.byte() != envelope_rules_revision || !in.ok) return false;
+    const auto flags = in.byte();
+    if ((flags & ~(has_sequence | binary_data)) != 0) return false;
+    fingerprint = in.u64();
     if ((flags & has_sequence) != 0) {
-        out.sequence = sequence;
+        out.sequence = in.varint();
     } else {
         out.sequence.reset();
     }
+    for (std::string* s : {&out.id, &out.source, &out.type, &out.subject, &out.time, &out.msgid, &out.datacontenttype,
+                           &out.dataschema, &out.data}) {
+        s->assign(in.string());
+    }
     out.data_binary = (flags & binary_data) != 0;
-    return true;
+    return in.ok && in.rest.empty();
 }
 
 }  // namespace idem

@@ -5,10 +5,12 @@
 // body, so a rebuild from the binary log takes them instead of parsing the JSON again.
 //
 //     u8 rules revision | u8 flags (1: sequence, 2: binary data) | u64 LE fingerprint
-//     | u64 LE sequence | id, source, type, subject, time, msgid, datacontenttype, dataschema, data
+//     | [varint sequence, with flag 1] | id, source, type, subject, time, msgid,
+//     datacontenttype, dataschema, data
 //
-// each string as u32 LE offset + u32 LE length of the same bytes in the body, or, when the
-// body does not hold them verbatim (escapes, data_base64), offset 0xFFFFFFFF, length, bytes.
+// each string as varint (offset + 1) and varint length of the same bytes in the body, or,
+// when the body does not hold them verbatim (escapes, data_base64), varint 0, varint length,
+// the bytes. Varints are LEB128 (seven bits a byte, low first). ~40 bytes for a typical event.
 //
 // Only a body that parses as a valid envelope has attributes. They are a cache of the body:
 // the body stays the record's content (lossless conversion) and a reader that cannot use
