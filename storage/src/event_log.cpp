@@ -581,8 +581,10 @@ void log_writer::write(std::string_view body) {
                     path_.string() + ": record " + std::to_string(records_ + 1) + " cannot be written: " + why);
     };
     if (failed_) throw_error(errc::storage_failed, path_.string() + ": an earlier write to the log failed");
-    if (body.size() > max_log_record) {
-        refuse(std::to_string(body.size()) + " bytes, more than the record limit of " + std::to_string(max_log_record));
+    // A record with attributes holds the body's length too: the payload, not the body, meets the limit.
+    const std::size_t limit = format_ == log_format::binary && attributed_ ? max_log_record - 4 : max_log_record;
+    if (body.size() > limit) {
+        refuse(std::to_string(body.size()) + " bytes, more than the record limit of " + std::to_string(limit));
     }
     if (format_ == log_format::jsonl) {
         if (const void* newline = std::memchr(body.data(), '\n', body.size())) {

@@ -497,6 +497,23 @@ TEST_CASE("binary records carry what parsing their body gives, and only for a va
     }
 }
 
+TEST_CASE("a binary record's payload meets the record limit: the body's length field counts") {
+    temp_dir dir;
+    idem::log_writer writer{dir / "log.bin", idem::log_format::binary};
+    const std::string body(idem::max_log_record - 3, 'x');  // fits alone, not with its 4-byte length
+    try {
+        writer.write(body);
+        FAIL("wrote a record over the limit");
+    } catch (const std::system_error& e) {
+        CHECK(e.code() == idem::errc::invalid_argument);
+        CHECK(std::string(e.what()).find("more than the record limit of " +
+                                         std::to_string(idem::max_log_record - 4)) != std::string::npos);
+    }
+    writer.write(envelope(1));
+    writer.flush();
+    CHECK(bodies(read_all(dir / "log.bin")) == std::vector<std::string>{envelope(1)});
+}
+
 TEST_CASE("a binary log written before records carried attributes is read, and appended to, as it is") {
     temp_dir dir;
     const auto path = dir / "old.bin";
