@@ -89,7 +89,7 @@ batch_run::batch_run(store::impl& s, write_txn& txn, bool bulk) : s_(s), txn_(tx
         contrib_floors_.push_back(layout::u64_or_zero(txn_.get(s_.meta, layout::contrib_floor_key(p->name()))));
     }
     cursor c{txn_, s_.parked};
-    parked_possible_ = c.first().has_value();
+    parked_in_table_ = parked_possible_ = c.first().has_value();
 }
 
 std::vector<outcome> batch_run::deliver_all(const std::vector<prepared_batch::item>& batch,
@@ -234,6 +234,7 @@ outcome batch_run::process(const item& d, bool future) {
             }
             parked_[key] = layout::encode_parked(d.message_id, ev.event_id(), d.body);
             parked_possible_ = true;
+            ++st.parked;
             return outcome{outcome_kind::parked, reason::none,
                            describe(ev) + ": sequence " + std::to_string(seq) + " of '" + layout::truncate(ev.subject) +
                                "' waits for " + std::to_string(highest + 1),
@@ -243,7 +244,8 @@ outcome batch_run::process(const item& d, bool future) {
     // A dead-lettered event still moves its stream on: it is kept for the operator, and
     // holding every later event of the stream behind it would stall the aggregate.
     auto result = future ? future_event(d) : apply_projections(d);
-    st = stream_state{std::max(highest, seq), true};
+    st.highest = std::max(highest, seq);
+    st.dirty = true;
     // A released event's successors are released by the loop that released it.
     if (!d.from_store) release_parked(ev.subject);
     return result;
@@ -251,12 +253,15 @@ outcome batch_run::process(const item& d, bool future) {
 
 void batch_run::release_parked(const std::string& subject) {
     if (s_.options.gaps != gap_policy::park || !parked_possible_) return;
+    // Most streams wait for nothing: no parked key to build and look up after each of their events.
+    if (!parked_in_table_ && stream(subject).parked == 0) return;
     std::optional<item> released;  // made for the first, reused along the stream
     for (;;) {
         auto key = layout::parked_key(subject, stream(subject).highest + 1);
         auto value = parked_value(key);
         if (!value) return;
         parked_[key] = std::nullopt;
+        if (auto& st = stream(subject); st.parked > 0) --st.parked;
         const auto stored = layout::decode_parked_value(*value);
         auto& d = released ? *released : released.emplace();
         d.from_store = true;
@@ -644,7 +649,9 @@ public:
         run_.release_parked(subject);
     }
     void set_stream(const std::string& subject, std::uint64_t highest) override {
-        run_.stream(subject) = batch_run::stream_state{highest, true};
+        auto& st = run_.stream(subject);
+        st.highest = highest;
+        st.dirty = true;
     }
     void unpark(const std::string& key) override { run_.parked_[key] = std::nullopt; }
     bool is_parked(const std::string& key) const override { return run_.parked_value(key).has_value(); }

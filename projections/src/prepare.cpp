@@ -7,6 +7,7 @@
 #include <idem/storage/codec.hpp>
 #include <idem/storage/crash_point.hpp>
 #include <idem/storage/duration.hpp>
+#include <idem/storage/envelope_record.hpp>
 
 #include <algorithm>
 #include <iterator>
@@ -121,13 +122,8 @@ void unparsed(prepared_batch::item& out) {
     out.parts.clear();
 }
 
-}  // namespace
-
-bool prepare_envelope(const store::impl& s, prepared_batch::item& out, envelope_parser& parser) {
-    if (!parser.parse(out.body, out.ev, out.err)) {
-        unparsed(out);
-        return false;
-    }
+// What follows from the envelope, parsed or read from a binary log's attributes.
+void prepare_parsed(const store::impl& s, prepared_batch::item& out, std::uint64_t fingerprint) {
     // A transport id (the delivery's, else the envelope's msgid) counts within its transport.
     const auto& transport_id = out.transport_id.empty() ? out.ev.msgid : out.transport_id;
     out.message_id = transport_id.empty() ? out.ev.message_id() : transport_message_id(out.transport, transport_id);
@@ -135,8 +131,18 @@ bool prepare_envelope(const store::impl& s, prepared_batch::item& out, envelope_
     out.identity = layout::event_identity(out.ev.event_id());
     out.subject_hash = std::hash<std::string_view>{}(out.ev.subject);
     out.time_ns = parse_event_time(out.ev.time);
-    out.fingerprint = fingerprint(out.ev);
+    out.fingerprint = fingerprint;
     prepare_parts(s, out.ev, out.parts);
+}
+
+}  // namespace
+
+bool prepare_envelope(const store::impl& s, prepared_batch::item& out, envelope_parser& parser) {
+    if (!parser.parse(out.body, out.ev, out.err)) {
+        unparsed(out);
+        return false;
+    }
+    prepare_parsed(s, out, fingerprint(out.ev));
     return true;
 }
 
@@ -153,6 +159,14 @@ void prepare_item(const store::impl& s, const delivery& d, prepared_batch::item&
         out.err = {reason::too_large, "the envelope has " + std::to_string(d.body.size()) +
                                           " bytes, over the limit of " + std::to_string(limit)};
         unparsed(out);
+        return;
+    }
+    // A binary log's record carries what parsing its body gives: no JSON is parsed again.
+    std::uint64_t stored_fingerprint = 0;
+    if (!d.attributes.empty() && decode_envelope_attributes(d.attributes, d.body, out.ev, stored_fingerprint)) {
+        out.err.why = reason::none;
+        out.err.detail.clear();
+        prepare_parsed(s, out, stored_fingerprint);
         return;
     }
     prepare_envelope(s, out, parser);

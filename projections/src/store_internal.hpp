@@ -264,6 +264,7 @@ private:
     struct stream_state {
         std::uint64_t highest = 0;
         bool dirty = false;
+        std::uint32_t parked = 0;  // events of the stream this run parked and has not released yet
     };
 
     using item = prepared_batch::item;
@@ -307,6 +308,9 @@ private:
     std::deque<string_table<row_slot>> rows_;    // per projection: the rows this batch touched
     string_table<stream_state> streams_;
     bool parked_possible_ = false;  // the parked table or this batch holds an event: release_parked must look
+    // The parked table held events when the run began: which streams wait is known only by
+    // looking. Without, a stream waits only for what this run parked (stream_state::parked).
+    bool parked_in_table_ = false;
     std::map<std::string, std::optional<std::string>> parked_;  // nullopt: deleted in this batch
     std::vector<std::string> dead_letters_;
     std::vector<std::string> collisions_;  // transport collisions seen, encoded as dead letters are

@@ -1,5 +1,7 @@
 #include <idem/storage/event_log.hpp>
 
+#include <idem/storage/canonical.hpp>
+#include <idem/storage/envelope_record.hpp>
 #include <idem/storage/error.hpp>
 
 #include <algorithm>
@@ -20,6 +22,10 @@ namespace {
 constexpr char file_magic[8] = {'I', 'D', 'E', 'M', 'L', 'O', 'G', '\0'};
 constexpr std::size_t file_header = 16;
 constexpr std::uint32_t file_version = 1;
+// Header flag: each record's payload is u32 LE body length | body | the body's parsed envelope
+// attributes (envelope_record.hpp; none when the body is not a valid envelope). Without it
+// the payload is the body (logs written before the flag existed).
+constexpr std::uint32_t flag_attributes = 1;
 // Stored little-endian its first byte is 0xFF, which never occurs in UTF-8 text, so a
 // resynchronizing scan seldom stops inside a payload.
 constexpr std::uint32_t record_magic = 0xFE52D1FFu;
@@ -102,8 +108,8 @@ bool starts_like_binary(const char* p, std::size_t n) noexcept {
     return n >= 7 && std::memcmp(p, file_magic, 7) == 0;
 }
 
-// Throws unless p holds a complete binary header this build reads.
-void check_header(const char* p, std::size_t n, const std::filesystem::path& path) {
+// Throws unless p holds a complete binary header this build reads; returns its flags.
+std::uint32_t check_header(const char* p, std::size_t n, const std::filesystem::path& path) {
     if (n < file_header) {
         throw_error(errc::format_mismatch, path.string() + ": binary log header cut short (" + std::to_string(n) +
                                                " of " + std::to_string(file_header) + " bytes)");
@@ -115,14 +121,17 @@ void check_header(const char* p, std::size_t n, const std::filesystem::path& pat
                                                "; this build reads version " + std::to_string(file_version));
     }
     auto flags = get_u32(p + 12);
-    if (flags != 0) throw_error(errc::format_mismatch, path.string() + ": unknown binary log flags " + hex(flags));
+    if ((flags & ~flag_attributes) != 0) {
+        throw_error(errc::format_mismatch, path.string() + ": unknown binary log flags " + hex(flags & ~flag_attributes));
+    }
+    return flags;
 }
 
-std::array<char, file_header> binary_header() noexcept {
+std::array<char, file_header> binary_header(std::uint32_t flags) noexcept {
     std::array<char, file_header> h{};
     std::memcpy(h.data(), file_magic, sizeof file_magic);
     put_u32(h.data() + 8, file_version);
-    put_u32(h.data() + 12, 0);
+    put_u32(h.data() + 12, flags);
     return h;
 }
 
@@ -185,7 +194,7 @@ bool log_reader::detect_format() {
                                                 " log, not " + std::string(to_string(*options_.format)));
     }
     if (format_ == log_format::binary) {
-        check_header(head, have, path_);
+        attributed_ = (check_header(head, have, path_) & flag_attributes) != 0;
         if (options_.start == 0) {
             cursor_ = position_ = file_header;
         } else if (options_.start < file_header) {
@@ -205,6 +214,7 @@ log_reader::log_reader(log_reader&& other) noexcept
     : path_(std::move(other.path_)),
       format_(other.format_),
       format_known_(other.format_known_),
+      attributed_(other.attributed_),
       options_(other.options_),
       fd_(std::exchange(other.fd_, -1)),
       buffer_(std::move(other.buffer_)),
@@ -225,6 +235,7 @@ log_reader& log_reader::operator=(log_reader&& other) noexcept {
         path_ = std::move(other.path_);
         format_ = other.format_;
         format_known_ = other.format_known_;
+        attributed_ = other.attributed_;
         options_ = other.options_;
         fd_ = std::exchange(other.fd_, -1);
         buffer_ = std::move(other.buffer_);
@@ -342,6 +353,7 @@ bool log_reader::next_jsonl(log_record& out) {
         if (is_blank(body)) continue;
         position_ = cursor_;
         out.body = body;
+        out.attributes = {};
         out.offset = offset;
         out.end = cursor_;
         out.line = number_;
@@ -380,16 +392,27 @@ bool log_reader::next_binary(log_record& out) {
                     std::string_view payload(p + record_header, length);
                     auto stored = get_u32(p + 8);
                     auto computed = record_checksum(p + 4, payload);
-                    if (stored == computed) {
+                    const auto body_length = attributed_ && length >= 4 ? get_u32(payload.data()) : 0;
+                    if (stored != computed) {
+                        cause = "checksum mismatch (stored " + hex(stored) + ", computed " + hex(computed) + ")";
+                    } else if (attributed_ && (length < 4 || body_length > length - 4)) {
+                        cause = "body length " + std::to_string(body_length) + " does not fit the record's " +
+                                std::to_string(length) + " bytes";
+                    } else {
                         cursor_ = offset + record_header + length;
                         position_ = cursor_;
-                        out.body = payload;
+                        if (attributed_) {
+                            out.body = payload.substr(4, body_length);
+                            out.attributes = payload.substr(4 + body_length);
+                        } else {
+                            out.body = payload;
+                            out.attributes = {};
+                        }
                         out.offset = offset;
                         out.end = cursor_;
                         out.line = ++number_;
                         return true;
                     }
-                    cause = "checksum mismatch (stored " + hex(stored) + ", computed " + hex(computed) + ")";
                 }
             }
         }
@@ -462,7 +485,8 @@ log_writer::log_writer(const std::filesystem::path& path, log_format format, boo
 void log_writer::prepare_append() {
     auto size = file_size(fd_, path_);
     if (size == 0) {
-        if (format_ == log_format::binary) write_all(fd_, binary_header().data(), file_header, path_);
+        if (format_ == log_format::binary) write_all(fd_, binary_header(flag_attributes).data(), file_header, path_);
+        attributed_ = format_ == log_format::binary;
         return;
     }
     file_handle in{open_file(path_, O_RDONLY)};
@@ -476,7 +500,7 @@ void log_writer::prepare_append() {
             throw_error(errc::format_mismatch,
                         path_.string() + ": not a binary event log; cannot append binary records");
         }
-        check_header(head, n, path_);
+        attributed_ = (check_header(head, n, path_) & flag_attributes) != 0;  // records as the file has them
         // Cut a torn last record (a writer that crashed mid-append) before appending: after it,
         // it would read as corruption in the middle of the log instead of a torn tail.
         log_reader scan{path_};
@@ -507,7 +531,7 @@ void log_writer::create() {
         temporary += ".tmp-" + std::to_string(::getpid());
         file_handle out{open_file(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND)};
         try {
-            write_all(out.fd, binary_header().data(), file_header, temporary);
+            write_all(out.fd, binary_header(flag_attributes).data(), file_header, temporary);
             if (::rename(temporary.c_str(), path_.c_str()) != 0) {
                 throw_errno(errno, path_.string() + ": cannot rename " + temporary.string() + " to it");
             }
@@ -516,9 +540,18 @@ void log_writer::create() {
             throw;
         }
         fd_ = std::exchange(out.fd, -1);
+        attributed_ = true;
     }
     sync_directory_ = true;
 }
+
+// Parses each body written to a binary log for the attributes its record carries.
+struct log_writer::attribute_maker {
+    envelope_parser parser;
+    envelope ev;
+    parse_error err;
+    std::string payload;
+};
 
 log_writer::~log_writer() {
     if (fd_ < 0) return;
@@ -537,6 +570,8 @@ log_writer::log_writer(log_writer&& other) noexcept
       buffer_(std::move(other.buffer_)),
       buffered_(std::exchange(other.buffered_, 0)),
       records_(other.records_),
+      attributed_(other.attributed_),
+      attributes_(std::move(other.attributes_)),
       sync_directory_(other.sync_directory_),
       failed_(other.failed_) {}
 
@@ -546,8 +581,10 @@ void log_writer::write(std::string_view body) {
                     path_.string() + ": record " + std::to_string(records_ + 1) + " cannot be written: " + why);
     };
     if (failed_) throw_error(errc::storage_failed, path_.string() + ": an earlier write to the log failed");
-    if (body.size() > max_log_record) {
-        refuse(std::to_string(body.size()) + " bytes, more than the record limit of " + std::to_string(max_log_record));
+    // A record with attributes holds the body's length too: the payload, not the body, meets the limit.
+    const std::size_t limit = format_ == log_format::binary && attributed_ ? max_log_record - 4 : max_log_record;
+    if (body.size() > limit) {
+        refuse(std::to_string(body.size()) + " bytes, more than the record limit of " + std::to_string(limit));
     }
     if (format_ == log_format::jsonl) {
         if (const void* newline = std::memchr(body.data(), '\n', body.size())) {
@@ -558,13 +595,32 @@ void log_writer::write(std::string_view body) {
         if (body.back() == '\r') refuse("ends in a carriage return, which readers strip");
         append(body.data(), body.size());
         append("\n", 1);
-    } else {
+    } else if (!attributed_) {
         char header[record_header];
         put_u32(header, record_magic);
         put_u32(header + 4, static_cast<std::uint32_t>(body.size()));
         put_u32(header + 8, record_checksum(header + 4, body));
         append(header, record_header);
         append(body.data(), body.size());
+    } else {
+        if (!attributes_) attributes_ = std::make_unique<attribute_maker>();
+        auto& a = *attributes_;
+        a.payload.clear();
+        char length[4];
+        put_u32(length, static_cast<std::uint32_t>(body.size()));
+        a.payload.append(length, 4);
+        a.payload.append(body);
+        if (a.parser.parse(body, a.ev, a.err)) {
+            encode_envelope_attributes(a.payload, body, a.ev, fingerprint(a.ev));
+            // Past the record limit the body goes alone: the attributes are a cache, the body the content.
+            if (a.payload.size() > max_log_record) a.payload.resize(4 + body.size());
+        }
+        char header[record_header];
+        put_u32(header, record_magic);
+        put_u32(header + 4, static_cast<std::uint32_t>(a.payload.size()));
+        put_u32(header + 8, record_checksum(header + 4, a.payload));
+        append(header, record_header);
+        append(a.payload.data(), a.payload.size());
     }
     ++records_;
 }

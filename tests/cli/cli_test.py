@@ -559,14 +559,14 @@ class bad_input_test(cli_case):
             (self.path("a.jsonl"), ["--format", "binary"], ": is a jsonl log, not binary"),
             (self.path("v2.bin"), [], ": binary log format version 2; this build reads version 1"),
             (self.path("cut.bin"), [], ": binary log header cut short (11 of 16 bytes)"),
-            (self.path("flags.bin"), [], ": unknown binary log flags 0x00000001"),
+            (self.path("flags.bin"), [], ": unknown binary log flags 0x00000002"),
         ]
         with open(self.path("v2.bin"), "wb") as f:
             f.write(good[:8] + b"\x02" + good[9:])
         with open(self.path("cut.bin"), "wb") as f:
             f.write(good[:11])
         with open(self.path("flags.bin"), "wb") as f:
-            f.write(good[:12] + b"\x01" + good[13:])
+            f.write(good[:12] + b"\x02" + good[13:])
         for log, extra, says in cases:
             p = run("rebuild", "--db", self.path("db"), "--log", log, *extra, check=False)
             self.assertEqual(p.returncode, 2, log)

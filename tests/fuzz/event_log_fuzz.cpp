@@ -69,13 +69,22 @@ result read(const fs::path& path, std::string_view file, idem::log_reader_option
             require(r.offset >= previous_end && r.offset < r.end && r.end <= file.size(), "record outside the file");
             require(reader.position() == r.end, "position() is not the record's end");
             if (out.format == idem::log_format::binary) {
-                require(r.end - r.offset == record_header + r.body.size(), "binary record length");
+                // Header flag 1: the payload is the body's length, the body, then its attributes.
+                const bool attributed = (static_cast<unsigned char>(file[12]) & 1) != 0;
+                const std::size_t payload = (attributed ? 4 : 0) + r.body.size() + r.attributes.size();
+                require(attributed || r.attributes.empty(), "attributes in a log without them");
+                require(r.end - r.offset == record_header + payload, "binary record length");
                 const char* p = file.data() + r.offset;
                 require(get_u32(p) == record_magic, "binary record without its magic");
-                require(get_u32(p + 4) == r.body.size(), "binary record length field");
-                require(get_u32(p + 8) == idem::crc32c(r.body, idem::crc32c(std::string_view(p + 4, 4))),
+                require(get_u32(p + 4) == payload, "binary record length field");
+                require(get_u32(p + 8) == idem::crc32c(std::string_view(p + record_header, payload),
+                                                       idem::crc32c(std::string_view(p + 4, 4))),
                         "binary record with a wrong checksum");
-                require(std::memcmp(p + record_header, r.body.data(), r.body.size()) == 0, "binary record body");
+                const char* body = p + record_header + (attributed ? 4 : 0);
+                require(!attributed || get_u32(p + record_header) == r.body.size(), "binary record body length");
+                require(std::memcmp(body, r.body.data(), r.body.size()) == 0, "binary record body");
+                require(std::memcmp(body + r.body.size(), r.attributes.data(), r.attributes.size()) == 0,
+                        "binary record attributes");
             } else {
                 require(r.body.find('\n') == std::string_view::npos, "a JSON line holding a newline");
                 require(file.substr(r.offset, r.body.size()) == r.body, "JSON line body");

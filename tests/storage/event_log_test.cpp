@@ -2,6 +2,9 @@
 
 #include "../common/temp_dir.hpp"
 
+#include <idem/storage/canonical.hpp>
+#include <idem/storage/envelope.hpp>
+#include <idem/storage/envelope_record.hpp>
 #include <idem/storage/error.hpp>
 
 #include <doctest/doctest.h>
@@ -293,7 +296,7 @@ TEST_CASE("JSONL -> binary -> JSONL is byte-identical and every record survives"
     CHECK_FALSE(to_binary.torn_tail);
     CHECK(idem::detect_log_format(dir / "log.bin") == idem::log_format::binary);
     std::size_t expected_size = 16;
-    for (const auto& b : original) expected_size += 12 + b.size();
+    for (const auto& b : original) expected_size += binary_record(dir, b).size();  // as the writer lays each out
     CHECK(fs::file_size(dir / "log.bin") == expected_size);
     auto binary_records = read_all(dir / "log.bin");
     CHECK(bodies(binary_records) == original);
@@ -318,8 +321,10 @@ TEST_CASE("a binary log cut anywhere inside its last record reports a torn tail"
     auto expected = envelopes(5);
     write_log(path, idem::log_format::binary, expected);
     const auto full = slurp(path);
-    const std::size_t last_length = expected.back().size();
-    const std::size_t last_offset = full.size() - 12 - last_length;
+    const auto all = read_all(path);
+    REQUIRE(all.size() == 5);
+    const std::size_t last_offset = all.back().offset;
+    const std::size_t last_length = full.size() - 12 - last_offset;  // the payload: body length, body, attributes
 
     for (std::size_t kept = 1; kept < 12 + last_length; ++kept) {
         CAPTURE(kept);
@@ -424,6 +429,131 @@ TEST_CASE("a damaged record in the middle of a binary log is an error naming the
     }
 }
 
+TEST_CASE("binary records carry what parsing their body gives, and only for a valid envelope") {
+    temp_dir dir;
+    auto bodies = awkward_bodies();
+    const std::vector<std::string> more = {
+        R"({"specversion":"1.0","id":"s-1","source":"\/escaped\/source","type":"t","subject":"ord\u00e9r","sequence":7,"time":"2026-12-02T10:00:00.5+01:00","data":{"b":1,"a":[1,2.5,"x"]}})",
+        R"({"specversion":"1.0","id":"b-1","source":"/s","type":"t","datacontenttype":"application/json","data_base64":"eyJhIjoxfQ=="})",
+        R"({"specversion":"1.0","id":"b-2","source":"/s","type":"t","datacontenttype":"application/octet-stream","data_base64":"AAEC/w=="})",
+        "\xEF\xBB\xBF" R"({"specversion":"1.0","id":"bom","source":"/s","type":"t","msgid":"m-1","dataschema":"urn:x:t:2"})",
+        R"({"specversion":"1.0","id":"n","source":"/s","type":"t","subject":null,"time":null,"ext1":"v","data":null})",
+        R"({"specversion":"1.0","id":"dup","source":"/s","type":"t","id":"again"})",
+        R"({"specversion":"1.0","id":"seq","source":"/s","type":"t","sequence":3})",  // a sequence needs a subject
+    };
+    bodies.insert(bodies.end(), more.begin(), more.end());
+    const auto path = dir / "log.bin";
+    write_log(path, idem::log_format::binary, bodies);
+    idem::log_reader reader{path};
+    idem::log_record r;
+    idem::envelope_parser parser;
+    std::size_t i = 0, valid = 0;
+    while (reader.next(r)) {
+        REQUIRE(i < bodies.size());
+        CAPTURE(i);
+        CHECK(r.body == bodies[i]);
+        idem::envelope parsed, stored;
+        idem::parse_error err;
+        if (!parser.parse(r.body, parsed, err)) {
+            CHECK(r.attributes.empty());
+        } else {
+            ++valid;
+            std::uint64_t fingerprint = 0;
+            REQUIRE(idem::decode_envelope_attributes(r.attributes, r.body, stored, fingerprint));
+            CHECK(fingerprint == idem::fingerprint(parsed));
+            CHECK(stored.id == parsed.id);
+            CHECK(stored.source == parsed.source);
+            CHECK(stored.type == parsed.type);
+            CHECK(stored.subject == parsed.subject);
+            CHECK(stored.sequence == parsed.sequence);
+            CHECK(stored.time == parsed.time);
+            CHECK(stored.msgid == parsed.msgid);
+            CHECK(stored.datacontenttype == parsed.datacontenttype);
+            CHECK(stored.dataschema == parsed.dataschema);
+            CHECK(stored.data == parsed.data);
+            CHECK(stored.data_binary == parsed.data_binary);
+        }
+        ++i;
+    }
+    CHECK(i == bodies.size());
+    CHECK(valid == 2 + more.size() - 2);  // envelope(1), envelope(2), and the added bodies but "dup" and "seq"
+
+    SUBCASE("attributes of other rules or damaged are not used: the body is parsed instead") {
+        idem::envelope ev;
+        idem::parse_error err;
+        REQUIRE(parser.parse(more[0], ev, err));
+        std::string attributes;
+        idem::encode_envelope_attributes(attributes, more[0], ev, 42);
+        idem::envelope out;
+        std::uint64_t fingerprint = 0;
+        REQUIRE(idem::decode_envelope_attributes(attributes, more[0], out, fingerprint));
+        CHECK(fingerprint == 42);
+        auto other = attributes;
+        other[0] = static_cast<char>(idem::envelope_rules_revision + 1);
+        CHECK_FALSE(idem::decode_envelope_attributes(other, more[0], out, fingerprint));
+        CHECK_FALSE(idem::decode_envelope_attributes(attributes.substr(0, attributes.size() - 1), more[0], out, fingerprint));
+        CHECK_FALSE(idem::decode_envelope_attributes(attributes + "x", more[0], out, fingerprint));
+        CHECK_FALSE(idem::decode_envelope_attributes(attributes, more[0].substr(0, 10), out, fingerprint));
+    }
+}
+
+TEST_CASE("a binary record's payload meets the record limit: the body's length field counts") {
+    temp_dir dir;
+    idem::log_writer writer{dir / "log.bin", idem::log_format::binary};
+    const std::string body(idem::max_log_record - 3, 'x');  // fits alone, not with its 4-byte length
+    try {
+        writer.write(body);
+        FAIL("wrote a record over the limit");
+    } catch (const std::system_error& e) {
+        CHECK(e.code() == idem::errc::invalid_argument);
+        CHECK(std::string(e.what()).find("more than the record limit of " +
+                                         std::to_string(idem::max_log_record - 4)) != std::string::npos);
+    }
+    writer.write(envelope(1));
+    writer.flush();
+    CHECK(bodies(read_all(dir / "log.bin")) == std::vector<std::string>{envelope(1)});
+}
+
+TEST_CASE("a binary log written before records carried attributes is read, and appended to, as it is") {
+    temp_dir dir;
+    const auto path = dir / "old.bin";
+    // The earlier layout: flags 0, each payload the body alone.
+    std::string bytes{"IDEMLOG\0\x01\0\0\0\0\0\0\0", 16};
+    auto put_u32 = [](std::string& out, std::uint32_t v) {
+        for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>(v >> (8 * i)));
+    };
+    const auto old_bodies = envelopes(3);
+    for (const auto& body : old_bodies) {
+        std::string length;
+        put_u32(length, static_cast<std::uint32_t>(body.size()));
+        put_u32(bytes, 0xFE52D1FFu);
+        bytes += length;
+        put_u32(bytes, idem::crc32c(body, idem::crc32c(length)));
+        bytes += body;
+    }
+    spit(path, bytes);
+    {
+        idem::log_reader reader{path};
+        idem::log_record r;
+        std::size_t n = 0;
+        while (reader.next(r)) {
+            CHECK(r.body == old_bodies[n++]);
+            CHECK(r.attributes.empty());
+        }
+        CHECK(n == 3);
+    }
+    {
+        idem::log_writer writer{path, idem::log_format::binary, true};
+        writer.write(envelope(4));
+    }
+    auto all = read_all(path);
+    REQUIRE(all.size() == 4);
+    CHECK(all.back().body == envelope(4));
+    const auto after = slurp(path);
+    CHECK(after.substr(0, bytes.size()) == bytes);  // header (flags 0) and records untouched
+    CHECK(after.size() == bytes.size() + 12 + envelope(4).size());  // appended in the file's own layout
+}
+
 TEST_CASE("a binary log with a wrong header is refused, naming the file") {
     temp_dir dir;
     auto path = dir / "log.bin";
@@ -435,8 +565,8 @@ TEST_CASE("a binary log with a wrong header is refused, naming the file") {
         expect = "version 2";
     }
     SUBCASE("unknown flags") {
-        bytes[12] = 1;
-        expect = "flags";
+        bytes[12] = 2;  // flag 1 (records carry attributes) is known
+        expect = "unknown binary log flags 0x00000002";
     }
     SUBCASE("a damaged magic") {
         bytes[7] = 'X';

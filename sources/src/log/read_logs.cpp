@@ -125,6 +125,7 @@ bool log_run::read_file(const std::string& source, const std::filesystem::path& 
             }
             auto& d = batch_[used_++];
             d.body.assign(record.body);
+            d.attributes.assign(record.attributes);
             d.message_id.clear();
             d.transport.assign(transport);  // the log's msgids count within its origin
             d.line = lines_known ? record.line : 0;

@@ -36,7 +36,9 @@ int convert(const arguments& a) {
 
 command convert_command() {
     return command{"convert",
-                   "convert an event log between JSON Lines and the binary format (lossless both ways)",
+                   "convert an event log between JSON Lines and the binary format (lossless both ways). Binary "
+                   "records also carry each envelope parsed, so a rebuild from them parses no JSON; --to binary "
+                   "on a binary log of an earlier build adds that",
                    {{"in", "FILE", "the log to read", true},
                     {"out", "FILE", "the log to write (replaced)", true},
                     {"to", "jsonl|binary", "the output format", true},

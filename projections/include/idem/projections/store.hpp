@@ -61,6 +61,9 @@ struct delivery {
     /// the inbox keys it by both. "" is one transport like any other. Unused when the message id is
     /// the event id.
     std::string transport{};
+    /// Read from a binary log: the body's parsed envelope attributes its record carries
+    /// (log_record::attributes), taken instead of parsing the body; empty: the body is parsed.
+    std::string attributes{};
 };
 
 /// A source position committed with the batch that consumed up to it.

@@ -6,11 +6,16 @@
 // validated here (an invalid line is still a record, so the apply path can dead-letter it
 // with a precise reason and nothing is lost).
 //
-// Binary: a 16-byte file header ("IDEMLOG\0", u32 LE format version 1, u32 LE flags 0),
-// then records of
+// Binary: a 16-byte file header ("IDEMLOG\0", u32 LE format version 1, u32 LE flags), then
+// records of
 //     u32 LE record magic | u32 LE payload length | u32 LE CRC32C(length bytes + payload) | payload
-// where the payload is the envelope JSON text verbatim, so the formats convert losslessly
-// and JSONL -> binary -> JSONL is byte-identical (for LF-terminated files without blank lines).
+// With flag 1 (every log this build creates) the payload is
+//     u32 LE body length | body | the body's parsed envelope attributes (envelope_record.hpp)
+// and without it (logs of earlier builds, appended to as they are) the payload is the body.
+// The body is the envelope JSON text verbatim, so the formats convert losslessly and
+// JSONL -> binary -> JSONL is byte-identical (for LF-terminated files without blank lines).
+// The attributes (ids, type, subject, sequence, time, msgid, data, fingerprint) let a rebuild
+// skip parsing the JSON; a build that reads no flag 1 refuses such a log by its flags.
 //
 // A crash mid-append leaves a torn tail: a last record cut short or failing its checksum
 // with nothing valid after it, or a last JSON line without its newline. Readers report it
@@ -53,6 +58,10 @@ inline constexpr std::uint32_t max_log_record = 256u << 20;
 /// One record read from a log. body views into the reader's buffer: valid until the next call to next().
 struct log_record {
     std::string_view body;     ///< the envelope JSON text exactly as stored (no trailing newline)
+    /// Binary logs written with them: the body's parsed envelope attributes (envelope_record.hpp),
+    /// to be read instead of parsing the body; empty for JSON Lines, older binary logs, and a
+    /// body that is not a valid envelope.
+    std::string_view attributes{};
     std::uint64_t offset = 0;  ///< byte offset of the record's start in the file
     std::uint64_t end = 0;     ///< byte offset just past the record (where a resumed read starts)
     std::uint64_t line = 0;    ///< 1-based line number (jsonl) or 1-based record number (binary)
@@ -137,6 +146,7 @@ private:
     std::filesystem::path path_;
     log_format format_ = log_format::jsonl;
     bool format_known_ = false;
+    bool attributed_ = false;  // binary records carry the body's length, then its attributes after it
     log_reader_options options_;
     int fd_ = -1;
     std::unique_ptr<char[]> buffer_;
@@ -200,6 +210,9 @@ private:
     std::unique_ptr<char[]> buffer_;
     std::size_t buffered_ = 0;
     std::uint64_t records_ = 0;
+    struct attribute_maker;
+    bool attributed_ = false;  // binary records carry the body's parsed attributes (a new file; an old one's as it has them)
+    std::unique_ptr<attribute_maker> attributes_;
     bool sync_directory_ = false;  // the file was created: its directory entry must be made durable too
     bool failed_ = false;          // a write failed part way: refuse more, a torn tail must stay a tail
 };
