@@ -81,8 +81,12 @@ lease_entry lease_bucket::read(std::uint32_t k) {
     kvEntry_Destroy(e);
     auto space = v.find(' ');
     if (v == "-" || space == std::string::npos) return out;  // free
-    out.instance = v.substr(0, space);
     std::from_chars(v.data() + space + 1, v.data() + v.size(), out.checkpoint);
+    if (v.starts_with("- ")) {
+        out.kept = true;  // free, given up on stop with its copy kept
+        return out;
+    }
+    out.instance = v.substr(0, space);
     return out;
 }
 
@@ -122,6 +126,12 @@ std::optional<std::uint64_t> lease_bucket::renew(std::uint32_t k, const std::str
 bool lease_bucket::release(std::uint32_t k, std::uint64_t revision) {
     std::uint64_t rev = 0;
     return kvStore_UpdateString(&rev, kv_, lease_key(k).c_str(), "-", revision) == NATS_OK;
+}
+
+bool lease_bucket::release(std::uint32_t k, std::uint64_t revision, std::uint64_t checkpoint) {
+    std::uint64_t rev = 0;
+    const auto value = "- " + std::to_string(checkpoint);
+    return kvStore_UpdateString(&rev, kv_, lease_key(k).c_str(), value.c_str(), revision) == NATS_OK;
 }
 
 void lease_bucket::heartbeat(const std::string& instance) {

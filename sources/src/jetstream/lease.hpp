@@ -6,7 +6,8 @@
 // on its revision (kvStore_Create for an absent or deleted key, kvStore_Update with the last
 // revision otherwise), so two instances never both succeed in taking or renewing one lease.
 // A released lease is written as "-" (free) by compare-and-set, never deleted: a delete is not
-// conditional and could remove the lease another instance took meanwhile.
+// conditional and could remove the lease another instance took meanwhile. One given up on stop
+// is written "- <checkpoint>": free, and its last owner keeps its copy up to that checkpoint.
 
 #include "connection.hpp"
 
@@ -23,6 +24,7 @@ struct lease_entry {
     std::string instance;  ///< "" when free (released, or absent)
     std::uint64_t checkpoint = 0;
     std::uint64_t revision = 0;  ///< 0 when absent or deleted
+    bool kept = false;  ///< free, given up on stop: its last owner keeps a copy up to checkpoint
 };
 
 class lease_bucket {
@@ -50,6 +52,8 @@ public:
                                        std::uint64_t revision);
     /// Marks a held lease free by compare-and-set; false when it was no longer ours.
     bool release(std::uint32_t k, std::uint64_t revision);
+    /// Marks a held lease free on stop, its copy kept up to checkpoint ("- <checkpoint>").
+    bool release(std::uint32_t k, std::uint64_t revision, std::uint64_t checkpoint);
     /// Says that instance is alive (renewed with the leases).
     void heartbeat(const std::string& instance);
     /// Says that instance stopped.

@@ -98,7 +98,7 @@ int owners(const arguments& a) {
     w.begin_object();
     for (const auto& l : list) {
         w.key(std::to_string(l.partition)).begin_object().field("instance", l.instance).field("revision", l.revision);
-        w.field("checkpoint", l.checkpoint).end_object();
+        w.field("checkpoint", l.checkpoint).field("kept", l.kept).end_object();
     }
     w.end_object();
     print(out + "\n");
@@ -110,7 +110,10 @@ int owners(const arguments& a) {
 int consume_partitioned(const tool_context& t, const arguments& a) {
     jetstream::partitioned_options po;
     fill_source_options(a, po.source);
-    if (po.source.until_caught_up) throw usage_error("option '--until-caught-up' is not supported with --partitions");
+    // --until-caught-up: the group's condition (every partition's owner reached the partition's
+    // last sequence), not each partition's source by itself.
+    po.until_caught_up = po.source.until_caught_up;
+    po.source.until_caught_up = false;
     if (a.get("replica")) throw usage_error("option '--replica' is replicated mode: not with --partitions");
     if (a.get("subject")) throw usage_error("option '--subject' does not apply with --partitions (each partition has its own)");
     po.partitions = static_cast<std::uint32_t>(a.positive("partitions", 1));
@@ -145,7 +148,8 @@ int consume_partitioned(const tool_context& t, const arguments& a) {
         .field("taken", r.taken)
         .field("lost", r.lost)
         .field("given_up", r.given_up)
-        .field("fetched", r.fetched);
+        .field("fetched", r.fetched)
+        .field("caught_up", r.caught_up);
     w.key("owned_at_stop").begin_array();
     for (auto k : r.owned_at_stop) w.value(std::uint64_t{k});
     w.end_array().end_object();
@@ -159,7 +163,7 @@ int consume_partitioned(const tool_context& t, const arguments& a) {
 command owners_command() {
     return command{"owners",
                    "print a partitioned group's leases as JSON: partition -> {instance (\"\" when free), revision, "
-                   "checkpoint}",
+                   "checkpoint, kept (free, given up on stop by an owner that kept its copy up to checkpoint)}",
                    {{"nats", "URL[,URL...]", "the NATS servers", true},
                     {"consumer", "NAME", "the group's consumer name (its lease bucket is idem-leases-NAME)", true}},
                    owners};
