@@ -55,6 +55,8 @@ def token_of(key):
     """The subject token `idem publish` makes of an aggregate key (percent-encoding)."""
     if key == "":
         return "events"
+    if key == "events":
+        return "%65vents"
     out = []
     for b in key.encode():
         if b < 0x21 or b > 0x7E or chr(b) in ".*>%":
@@ -392,6 +394,92 @@ class caught_up_test(scaleout_case):
         self.assertEqual(set(result["owned_at_stop"]), fresh)
         in_fresh = [r for r in ref if fnv1a32(token_of(r[0]).encode()) % PARTITIONS in fresh]
         self.assertEqual(self.rows_of(self.path("b")), in_fresh)
+
+
+def token_decoded(token):
+    """The key a token stands for, decoded here from the rule (percent-decoding; 'events' is none)."""
+    if token == "events":
+        return ""
+    out = bytearray()
+    i = 0
+    while i < len(token):
+        if token[i] == "%":
+            out.append(int(token[i + 1:i + 3], 16))
+            i += 3
+        else:
+            out += token[i].encode()
+            i += 1
+    return out.decode()
+
+
+class subject_template_test(scaleout_case):
+    KEYS = ["order-1", "a.b", "a..b.", "x y", "*", ">", "%41", "events", "caf\u00e9", " lead", "{subject}", "o.1.2"]
+
+    def test_keys_that_are_not_one_token_round_trip_and_land_where_partition_of_says(self):
+        rng = random.Random(SEED)
+        events, totals = [], {}
+        for i in range(600):
+            key = rng.choice(self.KEYS)
+            amount = rng.randrange(1, 1000)
+            seq = totals.get(key, (0, 0))[0] + 1
+            totals[key] = (seq, totals.get(key, (0, 0))[1] + amount)
+            events.append({"specversion": "1.0", "id": f"e-{i}", "source": "/t", "type": "order.line_added",
+                           "subject": key, "sequence": str(seq), "time": "2026-12-02T09:30:00Z",
+                           "datacontenttype": "application/json", "data": {"order_id": key, "amount": amount}})
+        # One record without a subject: the token 'events', which decodes to no subject.
+        events.append({"specversion": "1.0", "id": "e-none", "source": "/t", "type": "order.line_added",
+                       "time": "2026-12-02T09:30:00Z", "datacontenttype": "application/json",
+                       "data": {"order_id": "no-subject", "amount": 5}})
+        totals["no-subject"] = (1, 5)
+        with open(self.path("t.jsonl"), "w") as f:
+            for e in events:
+                f.write(json.dumps(e) + "\n")
+        r = json.loads(run("publish", "--nats", self.cluster.urls, "--stream", "ORD", "--subject", "orders.>",
+                           "--subject-template", "orders.{subject}", "--log", self.path("t.jsonl"),
+                           "--replicas", 3).stdout)
+        self.assertEqual(r["stored"], len(events))
+        # What the servers stored: orders.<k>.<token>, read back through the stream's API.
+        with nats_server.raw_connection("127.0.0.1", self.cluster.client_ports[0]) as c:
+            replies = c.request_many([("$JS.API.STREAM.MSG.GET.ORD", json.dumps({"seq": q}).encode(), None)
+                                      for q in range(1, len(events) + 1)])
+        where = {}
+        for e, reply in zip(events, replies):
+            prefix, k, token = reply["message"]["subject"].split(".", 2)
+            self.assertEqual(prefix, "orders")
+            self.assertEqual(token_decoded(token), e.get("subject", ""), token)  # reversible
+            self.assertEqual(int(k), fnv1a32(token.encode()) % PARTITIONS, token)  # the servers' mapping
+            where[e.get("subject", "")] = int(k)
+        keys = [k for k in where if k]  # (an empty value is not an option's value; the C++ test covers "")
+        # Consume with two instances until caught up; every key's row is where the servers put it.
+        for n in ("a", "b"):
+            self.start(n, "--until-caught-up")
+        for n in ("a", "b"):
+            self.procs[n].wait(240)
+            with open(self.procs[n].err_path, errors="replace") as f:
+                self.assertEqual(self.procs[n].returncode, 0, f.read())
+        # The C++ API (partition_of, through `idem owners --key`) says the same partition for every key.
+        located = jsonl(run("owners", "--nats", self.cluster.urls, "--consumer", "grp", "--partitions", PARTITIONS,
+                            *[a for k in keys for a in ("--key", k)]).stdout)
+        self.assertEqual({x["key"]: x["partition"] for x in located}, {k: where[k] for k in keys})
+        self.assertEqual({x["key"]: x["token"] for x in located}, {k: token_of(k) for k in keys})
+        rows = {key: (json.loads(state)["lines"], json.loads(state)["total"]) for key, _, state in self.union(["a", "b"])}
+        self.assertEqual(rows, {k: (n, t) for k, (n, t) in totals.items()})
+        for n in ("a", "b"):
+            with open(self.path(os.path.join(n, "owned"))) as f:
+                for k in [l.strip() for l in f if l.strip()]:
+                    for key, _, _ in self.rows_of(self.path(os.path.join(n, "p" + k))):
+                        if key != "no-subject":
+                            self.assertEqual(where[key], int(k), key)
+
+    def test_a_template_the_stream_subject_does_not_capture_or_without_subject_is_refused(self):
+        self.gen("o.jsonl", 20, 2)
+        for template, why in (("payments.{subject}", "does not capture"), ("orders.x", "no '{subject}'"),
+                              ("orders.k-{subject}", "outside a whole"), ("orders.*", "wildcard")):
+            p = run("publish", "--nats", self.cluster.urls, "--stream", "T", "--subject", "orders.>",
+                    "--subject-template", template, "--log", self.path("o.jsonl"), check=False)
+            self.assertNotEqual(p.returncode, 0, template)
+            self.assertIn(f"subject template '{template}'", p.stderr)
+            self.assertIn(why, p.stderr)
 
 
 class replicated_test(scaleout_case):

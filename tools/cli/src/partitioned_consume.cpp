@@ -8,6 +8,7 @@
 #include "text.hpp"
 
 #include <idem/sources/jetstream_partitions.hpp>
+#include <idem/sources/jetstream_publish.hpp>
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -91,8 +92,36 @@ std::string default_instance(const std::filesystem::path& db) {
     return name + "-" + hex;
 }
 
+// owners --key K --partitions N: where each key lives, one JSON line each (the partition the
+// servers' mapping gives it, as partition_of computes it, and the instance holding it now).
+int key_owners(const arguments& a, const std::vector<jetstream::lease_owner>& list) {
+    if (!a.get("partitions")) throw usage_error("option '--key' needs --partitions N (the N of the mapping)");
+    const auto n = a.positive("partitions", 1);
+    if (n > 4096) throw usage_error("option '--partitions': " + a.required("partitions") + " is more than 4096");
+    std::string out;
+    for (const auto& key : a.all("key")) {
+        const auto k = jetstream::partition_of(key, static_cast<std::uint32_t>(n));
+        std::string instance;
+        for (const auto& l : list) {
+            if (l.partition == k) instance = l.instance;
+        }
+        json_writer w{out};
+        w.begin_object()
+            .field("key", key)
+            .field("token", jetstream::subject_token(key))
+            .field("partition", std::uint64_t{k})
+            .field("instance", instance);
+        w.end_object();
+        out += "\n";
+    }
+    print(out);
+    return 0;
+}
+
 int owners(const arguments& a) {
     auto list = jetstream::read_owners(jetstream::split_servers(a.required("nats")), a.required("consumer"));
+    if (!a.all("key").empty()) return key_owners(a, list);
+    if (a.get("partitions")) throw usage_error("option '--partitions' goes with --key");
     std::string out;
     json_writer w{out};
     w.begin_object();
@@ -165,7 +194,12 @@ command owners_command() {
                    "print a partitioned group's leases as JSON: partition -> {instance (\"\" when free), revision, "
                    "checkpoint, kept (free, given up on stop by an owner that kept its copy up to checkpoint)}",
                    {{"nats", "URL[,URL...]", "the NATS servers", true},
-                    {"consumer", "NAME", "the group's consumer name (its lease bucket is idem-leases-NAME)", true}},
+                    {"consumer", "NAME", "the group's consumer name (its lease bucket is idem-leases-NAME)", true},
+                    {"key", "K",
+                     "instead: one JSON line per key with its subject token, its partition and the instance holding "
+                     "it now (\"\" when free)",
+                     false, true},
+                    {"partitions", "N", "with --key: the N of the servers' mapping"}},
                    owners};
 }
 
