@@ -66,6 +66,15 @@ def token_of(key):
     return "".join(out)
 
 
+def stacks(pid):
+    """The threads' stacks of a hung process (gdb, when installed), for the failure message."""
+    try:
+        return subprocess.run(["gdb", "-p", str(pid), "-batch", "-ex", "thread apply all bt 30"], capture_output=True,
+                              timeout=120).stdout.decode(errors="replace")
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"(no stacks: {e})"
+
+
 def wait_for(condition, timeout, what, interval=0.2):
     deadline = time.monotonic() + timeout
     last = None
@@ -139,7 +148,10 @@ class scaleout_case(unittest.TestCase):
         p = self.procs[name]
         if p.poll() is None and not signalled:  # a second SIGTERM kills (the way out of a hang)
             p.send_signal(sig)
-        p.wait(120)
+        try:
+            p.wait(120)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"instance {name} did not stop within 120 s; its threads:\n{stacks(p.pid)}")
         if sig == signal.SIGTERM:
             with open(p.err_path, errors="replace") as f:
                 self.assertEqual(p.returncode, 0, f"instance {name}: {f.read()}")
@@ -322,6 +334,40 @@ class partitioned_test(scaleout_case):
         leases = sorted((x["time_ns"], n, x["partition"], x["lease"], x.get("why")) for n in ("a", "b")
                         for x in self.acks(n) if "lease" in x)
         self.assertEqual(self.union(["a", "b"]), ref, "\n".join(map(str, leases)))
+
+
+class handover_stop_test(scaleout_case):
+    def test_a_group_stopped_in_the_middle_of_a_rebalance_shows_every_partition_in_one_dump(self):
+        # a holds every partition; b joins, and both are stopped at once while a gives
+        # partitions up to b (at a moment the test does not choose: after b's first take, or
+        # before it). Every partition must then be listed by exactly one of them, no key in
+        # two dumps, and a's partitions complete (nothing was published after a caught up).
+        report = self.gen("o.jsonl", 2000, 40)
+        ref = self.reference(self.path("o.jsonl"), report["totals"])
+        self.publish(self.path("o.jsonl"))
+        self.start("a")
+        wait_for(lambda: self.settled(["a"], ref), 120, "a to hold every partition with the reference rows")
+        self.start("b")
+        # Stop as soon as b has taken something or a has given something up.
+        wait_for(lambda: any(x.get("lease") == "taken" for x in self.acks("b")) or
+                 any(x.get("why") == "rebalanced" for x in self.acks("a")), 60, "the rebalance to start")
+        self.stop_all(["a", "b"])
+        listed = {}
+        for n in ("a", "b"):
+            with open(self.path(os.path.join(n, "owned"))) as f:
+                for k in [int(l) for l in f if l.strip()]:
+                    self.assertNotIn(k, listed, f"partition {k} listed by {listed.get(k)} and {n}")
+                    listed[k] = n
+        self.assertEqual(sorted(listed), list(range(PARTITIONS)))
+        rows = self.union(["a", "b"])  # fails on a key in two dumps
+        of_a = [r for r in ref if listed[fnv1a32(token_of(r[0]).encode()) % PARTITIONS] == "a"]
+        self.assertEqual([r for r in rows if listed[fnv1a32(token_of(r[0]).encode()) % PARTITIONS] == "a"], of_a)
+        # Started again (one of them): it resumes and the group ends with the reference rows.
+        self.start("a")
+        self.start("b")
+        wait_for(lambda: self.settled(["a", "b"], ref), 120, "the group to settle with the reference rows")
+        self.stop_all(["a", "b"])
+        self.assertEqual(self.union(["a", "b"]), ref)
 
 
 class caught_up_test(scaleout_case):

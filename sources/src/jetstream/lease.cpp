@@ -123,15 +123,18 @@ std::optional<std::uint64_t> lease_bucket::renew(std::uint32_t k, const std::str
     return std::nullopt;
 }
 
-bool lease_bucket::release(std::uint32_t k, std::uint64_t revision) {
+std::optional<std::uint64_t> lease_bucket::release(std::uint32_t k, std::uint64_t revision) {
     std::uint64_t rev = 0;
-    return kvStore_UpdateString(&rev, kv_, lease_key(k).c_str(), "-", revision) == NATS_OK;
+    if (kvStore_UpdateString(&rev, kv_, lease_key(k).c_str(), "-", revision) != NATS_OK) return std::nullopt;
+    return rev;
 }
 
-bool lease_bucket::release(std::uint32_t k, std::uint64_t revision, std::uint64_t checkpoint) {
+std::optional<std::uint64_t> lease_bucket::release(std::uint32_t k, std::uint64_t revision,
+                                                   std::uint64_t checkpoint) {
     std::uint64_t rev = 0;
     const auto value = "- " + std::to_string(checkpoint);
-    return kvStore_UpdateString(&rev, kv_, lease_key(k).c_str(), value.c_str(), revision) == NATS_OK;
+    if (kvStore_UpdateString(&rev, kv_, lease_key(k).c_str(), value.c_str(), revision) != NATS_OK) return std::nullopt;
+    return rev;
 }
 
 void lease_bucket::heartbeat(const std::string& instance) {

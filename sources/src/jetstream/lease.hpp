@@ -50,10 +50,11 @@ public:
     /// (the lease's state is then unknown: the caller's fence decides).
     std::optional<std::uint64_t> renew(std::uint32_t k, const std::string& instance, std::uint64_t checkpoint,
                                        std::uint64_t revision);
-    /// Marks a held lease free by compare-and-set; false when it was no longer ours.
-    bool release(std::uint32_t k, std::uint64_t revision);
-    /// Marks a held lease free on stop, its copy kept up to checkpoint ("- <checkpoint>").
-    bool release(std::uint32_t k, std::uint64_t revision, std::uint64_t checkpoint);
+    /// Marks a held lease free by compare-and-set; returns the new revision, or nothing when it
+    /// was no longer ours (or the broker did not answer).
+    std::optional<std::uint64_t> release(std::uint32_t k, std::uint64_t revision);
+    /// Marks a lease free, its copy kept up to checkpoint ("- <checkpoint>"), by compare-and-set.
+    std::optional<std::uint64_t> release(std::uint32_t k, std::uint64_t revision, std::uint64_t checkpoint);
     /// Says that instance is alive (renewed with the leases).
     void heartbeat(const std::string& instance);
     /// Says that instance stopped.

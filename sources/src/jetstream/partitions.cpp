@@ -139,6 +139,14 @@ struct partitioned_consumer::impl {
     };
     std::map<std::uint32_t, std::unique_ptr<owned>> held;
     int excess_ticks = 0;  // consecutive ticks that found more held than the share
+    // Partitions given up for balance whose copy is kept until another instance takes the lease:
+    // k -> {the revision of the release, the copy's checkpoint}. Should the group stop before
+    // anyone takes one, the copy (current when it was given up) stays in this instance's dump.
+    struct handed {
+        std::uint64_t revision = 0;
+        std::uint64_t checkpoint = 0;
+    };
+    std::map<std::uint32_t, handed> released;
     bool reached = false;  // --until-caught-up: every partition reached its target
     std::vector<std::uint64_t> targets;  // --until-caught-up: the last sequence of each partition
 
@@ -153,11 +161,13 @@ struct partitioned_consumer::impl {
     void finish(owned& p, bool drop);
     void drop_copy(std::uint32_t k);
     void write_owned_file();
+    void write_owned_file(const std::vector<std::uint32_t>& ks);
     void drop_foreign_copies();
     std::uint64_t checkpoint_of(owned& p);
     std::string durable_prefix(std::uint32_t k) const { return o.source.consumer + "-p" + std::to_string(k) + "-r"; }
     void delete_old_consumers(std::uint32_t k, const std::string& keep);
     void renew_held();
+    void forget_taken_copies();
     void tick();
     bool take(std::uint32_t k);
     bool caught_up();
@@ -211,10 +221,16 @@ void partitioned_consumer::impl::drop_copy(std::uint32_t k) {
 // DIR/owned lists the partitions this instance holds, one a line, replaced atomically: what
 // `idem dump` of DIR shows.
 void partitioned_consumer::impl::write_owned_file() {
+    std::vector<std::uint32_t> ks;
+    for (const auto& [k, p] : held) ks.push_back(k);
+    write_owned_file(ks);
+}
+
+void partitioned_consumer::impl::write_owned_file(const std::vector<std::uint32_t>& ks) {
     auto tmp = o.db / "owned.tmp";
     {
         std::ofstream f(tmp, std::ios::trunc);
-        for (const auto& [k, p] : held) f << k << "\n";
+        for (auto k : ks) f << k << "\n";
     }
     std::filesystem::rename(tmp, o.db / "owned");
 }
@@ -380,9 +396,23 @@ void partitioned_consumer::impl::renew_held() {
     }
 }
 
+// Drops the copies of partitions given up for balance that another instance has taken since.
+void partitioned_consumer::impl::forget_taken_copies() {
+    for (auto it = released.begin(); it != released.end();) {
+        auto lease = leases->read(it->first);
+        if (!lease.instance.empty() && lease.instance != o.instance) {
+            drop_copy(it->first);
+            it = released.erase(it);
+        } else {
+            ++it;
+        }
+    }
+}
+
 void partitioned_consumer::impl::tick() {
     leases->heartbeat(o.instance);
     renew_held();
+    forget_taken_copies();
     // An instance that is stopping neither gives up nor takes: what it gives up now, no one may
     // take before the group has stopped (the partition would be in no dump), and what it takes
     // now it would hold with a copy that has not caught up.
@@ -401,8 +431,12 @@ void partitioned_consumer::impl::tick() {
     if (excess_ticks >= 2) {
         auto it = std::prev(held.end());
         auto& p = *it->second;
-        finish(p, true);
-        (void)leases->release(p.k, p.revision);
+        finish(p, false);
+        if (auto rev = leases->release(p.k, p.revision)) {
+            released[p.k] = {*rev, p.final_checkpoint};  // the copy goes once another instance took it
+        } else {
+            drop_copy(p.k);
+        }
         if (o.on_lease) o.on_lease(p.k, false, p.revision, "rebalanced");
         ++result.given_up;
         held.erase(it);
@@ -444,6 +478,7 @@ bool partitioned_consumer::impl::take(std::uint32_t k) {
         (void)leases->release(k, *rev);
         return false;
     }
+    released.erase(k);  // taken back: its kept copy resumes
     start(k, *rev, sent);
     write_owned_file();
     return true;
@@ -518,6 +553,35 @@ partitioned_result partitioned_consumer::run() {
         if (p->error && !failure) failure = p->error;
     }
     s.held.clear();
+    // Partitions given up for balance that no one has taken: their copies stay in this
+    // instance's dump, and their leases say so (kept, with the copy's checkpoint). One another
+    // instance holds, or kept on its own stop, is that instance's to show: this copy goes.
+    for (auto it = s.released.begin(); it != s.released.end();) {
+        const auto k = it->first;
+        bool kept = false;
+        try {
+            for (int attempt = 0; attempt < 3 && !kept; ++attempt) {
+                auto lease = s.leases->read(k);
+                if (!lease.instance.empty() || lease.kept) break;
+                if (lease.revision == 0) {
+                    kept = true;  // expired free: no one took it either (the lease cannot say kept)
+                } else {
+                    // Free (our release, or one taken and given back unstarted by an instance
+                    // stopping meanwhile): compare-and-set, read again if it moved.
+                    kept = s.leases->release(k, lease.revision, it->second.checkpoint).has_value();
+                }
+            }
+        } catch (const std::system_error&) {
+        }
+        if (kept) {
+            s.result.owned_at_stop.push_back(k);
+            ++it;
+        } else {
+            s.drop_copy(k);
+            it = s.released.erase(it);
+        }
+    }
+    s.write_owned_file(s.result.owned_at_stop);  // what was held at the stop, and the kept copies
     s.result.caught_up = s.reached;
     s.work.reset();
     s.completions.join();
