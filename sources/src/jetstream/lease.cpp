@@ -41,14 +41,6 @@ lease_bucket::lease_bucket(const connection& c, const std::string& consumer, std
                            int replicas)
     : name_(idem::jetstream::lease_bucket(consumer)), ttl_(ttl) {
     check_name("consumer name", consumer);
-    if (js_KeyValue(&kv_, c.js(), name_.c_str()) == NATS_OK) {
-        kvStatus* st = nullptr;
-        if (kvStore_Status(&st, kv_) == NATS_OK) {
-            ttl_ = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::nanoseconds(kvStatus_TTL(st)));
-            kvStatus_Destroy(st);
-        }
-        return;
-    }
     kvConfig cfg;
     kvConfig_Init(&cfg);
     cfg.Bucket = name_.c_str();
@@ -56,7 +48,26 @@ lease_bucket::lease_bucket(const connection& c, const std::string& consumer, std
     cfg.TTL = std::chrono::duration_cast<std::chrono::nanoseconds>(ttl).count();
     cfg.Replicas = replicas;
     cfg.StorageType = js_FileStorage;
-    check_nats(js_CreateKeyValue(&kv_, c.js(), &cfg), "creating the lease bucket '" + name_ + "'");
+    // A cluster that has just started (or is electing a leader) may let the first requests time
+    // out; a creation whose answer was lost may have happened: look again before creating.
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    for (;;) {
+        if (js_KeyValue(&kv_, c.js(), name_.c_str()) == NATS_OK) {
+            kvStatus* st = nullptr;
+            if (kvStore_Status(&st, kv_) == NATS_OK) {
+                ttl_ = std::chrono::duration_cast<std::chrono::milliseconds>(
+                    std::chrono::nanoseconds(kvStatus_TTL(st)));
+                kvStatus_Destroy(st);
+            }
+            return;
+        }
+        auto s = js_CreateKeyValue(&kv_, c.js(), &cfg);
+        if (s == NATS_OK) return;
+        if (s != NATS_TIMEOUT || std::chrono::steady_clock::now() > give_up) {
+            throw_nats(s, "creating the lease bucket '" + name_ + "'");
+        }
+        kv_ = nullptr;
+    }
 }
 
 lease_bucket::lease_bucket(const connection& c, const std::string& consumer)
