@@ -83,14 +83,17 @@ std::vector<lease_owner> read_owners(const std::vector<std::string>& servers, co
     std::vector<lease_owner> out;
     for (std::uint32_t k = 0; k < 4096; ++k) {
         auto e = b.read(k);
-        if (e.revision == 0) {
+        if (e.revision == 0 && !e.kept) {
             // Partitions are numbered densely: stop after a run of absent keys.
             bool more = false;
-            for (std::uint32_t j = k + 1; j < k + 16 && !more; ++j) more = b.read(j).revision != 0;
+            for (std::uint32_t j = k + 1; j < k + 16 && !more; ++j) {
+                auto later = b.read(j);
+                more = later.revision != 0 || later.kept;
+            }
             if (!more) break;
             continue;
         }
-        out.push_back({k, e.instance, e.revision, e.checkpoint, e.kept});
+        out.push_back({k, e.instance, e.revision, e.checkpoint, e.kept, e.kept_by});
     }
     return out;
 }
@@ -546,7 +549,7 @@ partitioned_result partitioned_consumer::run() {
         s.finish(*p, false);
         s.result.owned_at_stop.push_back(k);
         try {
-            (void)s.leases->release(k, p->revision, p->final_checkpoint);
+            (void)s.leases->release(k, p->revision, s.o.instance, p->final_checkpoint);
         } catch (const std::system_error&) {
         }
         if (s.o.on_lease) s.o.on_lease(k, false, p->revision, "stopped");
@@ -563,13 +566,10 @@ partitioned_result partitioned_consumer::run() {
             for (int attempt = 0; attempt < 3 && !kept; ++attempt) {
                 auto lease = s.leases->read(k);
                 if (!lease.instance.empty() || lease.kept) break;
-                if (lease.revision == 0) {
-                    kept = true;  // expired free: no one took it either (the lease cannot say kept)
-                } else {
-                    // Free (our release, or one taken and given back unstarted by an instance
-                    // stopping meanwhile): compare-and-set, read again if it moved.
-                    kept = s.leases->release(k, lease.revision, it->second.checkpoint).has_value();
-                }
+                // Free (our release, expired, or taken and given back unstarted by an instance
+                // stopping meanwhile): recorded as kept, by compare-and-set unless expired;
+                // read again if it moved.
+                kept = s.leases->release(k, lease.revision, s.o.instance, it->second.checkpoint).has_value();
             }
         } catch (const std::system_error&) {
         }

@@ -127,7 +127,9 @@ int owners(const arguments& a) {
     w.begin_object();
     for (const auto& l : list) {
         w.key(std::to_string(l.partition)).begin_object().field("instance", l.instance).field("revision", l.revision);
-        w.field("checkpoint", l.checkpoint).field("kept", l.kept).end_object();
+        w.field("checkpoint", l.checkpoint).field("kept", l.kept);
+        if (l.kept) w.field("kept_by", l.kept_by);
+        w.end_object();
     }
     w.end_object();
     print(out + "\n");
@@ -192,7 +194,7 @@ int consume_partitioned(const tool_context& t, const arguments& a) {
 command owners_command() {
     return command{"owners",
                    "print a partitioned group's leases as JSON: partition -> {instance (\"\" when free), revision, "
-                   "checkpoint, kept (free, given up on stop by an owner that kept its copy up to checkpoint)}",
+                   "checkpoint, kept and kept_by (free, given up on stop by an owner that kept its copy up to checkpoint)}",
                    {{"nats", "URL[,URL...]", "the NATS servers", true},
                     {"consumer", "NAME", "the group's consumer name (its lease bucket is idem-leases-NAME)", true},
                     {"key", "K",

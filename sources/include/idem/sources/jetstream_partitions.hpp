@@ -108,6 +108,7 @@ struct lease_owner {
     std::uint64_t revision = 0;
     std::uint64_t checkpoint = 0;  ///< the owner's last published checkpoint (free: the last owner's, if kept)
     bool kept = false;  ///< free, given up on stop by an owner that keeps its copy up to checkpoint
+    std::string kept_by;  ///< that owner, when kept
 };
 
 /// Reads the group's leases from its bucket: one entry per partition that has one.
