@@ -522,6 +522,17 @@ partitioned_result partitioned_consumer::run() {
     if (s.o.until_caught_up) s.read_targets();
     const auto period = std::chrono::duration_cast<std::chrono::milliseconds>(s.ttl() / 4);
     std::exception_ptr failure;
+    // Say this instance is alive a tick before taking anything: instances started together
+    // then count each other at their first take and split the partitions at once, instead of
+    // one taking them all and handing most over again (each handover a replay).
+    try {
+        s.leases->heartbeat(s.o.instance);
+        for (auto waited = std::chrono::milliseconds(0); waited < period && !s.stopping();
+             waited += std::chrono::milliseconds(20)) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        }
+    } catch (const std::system_error&) {
+    }
     while (!s.stopping()) {
         try {
             s.tick();
