@@ -143,13 +143,9 @@ struct partitioned_consumer::impl {
     std::map<std::uint32_t, std::unique_ptr<owned>> held;
     int excess_ticks = 0;  // consecutive ticks that found more held than the share
     // Partitions given up for balance whose copy is kept until another instance takes the lease:
-    // k -> {the revision of the release, the copy's checkpoint}. Should the group stop before
-    // anyone takes one, the copy (current when it was given up) stays in this instance's dump.
-    struct handed {
-        std::uint64_t revision = 0;
-        std::uint64_t checkpoint = 0;
-    };
-    std::map<std::uint32_t, handed> released;
+    // k -> the copy's checkpoint. Should the group stop before anyone takes one, the copy
+    // (current when it was given up) stays in this instance's dump.
+    std::map<std::uint32_t, std::uint64_t> released;
     bool reached = false;  // --until-caught-up: every partition reached its target
     std::vector<std::uint64_t> targets;  // --until-caught-up: the last sequence of each partition
 
@@ -435,8 +431,8 @@ void partitioned_consumer::impl::tick() {
         auto it = std::prev(held.end());
         auto& p = *it->second;
         finish(p, false);
-        if (auto rev = leases->release(p.k, p.revision)) {
-            released[p.k] = {*rev, p.final_checkpoint};  // the copy goes once another instance took it
+        if (leases->release(p.k, p.revision)) {
+            released[p.k] = p.final_checkpoint;  // the copy goes once another instance took it
         } else {
             drop_copy(p.k);
         }
@@ -549,9 +545,9 @@ partitioned_result partitioned_consumer::run() {
         }
     }
     // Stop: first the heartbeat goes, so that the others no longer count this instance and
-    // give nothing up for it; then every partition acks what it holds and its lease is given
-    // up, marked as kept with its checkpoint; the copies stay (what this instance held when it
-    // stopped is what its dump shows).
+    // give nothing up for it; then every partition acks what it holds, its copy is recorded as
+    // kept with its checkpoint and its lease is given up; the copies stay (what this instance
+    // held when it stopped is what its dump shows).
     try {
         s.leases->leave(s.o.instance);
     } catch (const std::system_error&) {
@@ -568,8 +564,8 @@ partitioned_result partitioned_consumer::run() {
     }
     s.held.clear();
     // Partitions given up for balance that no one has taken: their copies stay in this
-    // instance's dump, and their leases say so (kept, with the copy's checkpoint). One another
-    // instance holds, or kept on its own stop, is that instance's to show: this copy goes.
+    // instance's dump and are recorded as kept, with their checkpoints. One another instance
+    // holds, or kept on its own stop, is that instance's to show: this copy goes.
     for (auto it = s.released.begin(); it != s.released.end();) {
         const auto k = it->first;
         bool kept = false;
@@ -580,7 +576,7 @@ partitioned_result partitioned_consumer::run() {
                 // Free (our release, expired, or taken and given back unstarted by an instance
                 // stopping meanwhile): recorded as kept, by compare-and-set unless expired;
                 // read again if it moved.
-                kept = s.leases->release(k, lease.revision, s.o.instance, it->second.checkpoint).has_value();
+                kept = s.leases->release(k, lease.revision, s.o.instance, it->second).has_value();
             }
         } catch (const std::system_error&) {
         }
