@@ -164,7 +164,8 @@ mappings {{
                 except subprocess.TimeoutExpired:
                     p.kill()
                     p.wait()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        if os.environ.get("IDEM_KEEP_DIR") != "1":  # kept to look into a failure
+            shutil.rmtree(self.dir, ignore_errors=True)
 
     def __enter__(self):
         return self

@@ -57,6 +57,15 @@ def msg_id(e):
     return percent(f"{len(e['source'].encode())}:{e['source']}{e['id']}")
 
 
+def subject_token(subject):
+    """The token of an envelope subject: 'events' for none, '%65vents' for 'events' itself."""
+    if subject == "":
+        return "events"
+    if subject == "events":
+        return "%65vents"
+    return percent(subject, ".*>")
+
+
 def reference(lines, max_payload, with_ids=True):
     """Returns (the (subject token, msg id, body) the stream must store in order, malformed count,
     too large count) for publishing lines to a `P.>` subject."""
@@ -69,7 +78,7 @@ def reference(lines, max_payload, with_ids=True):
             continue
         if e is None:
             malformed += 1
-        token = (percent(e.get("subject") or "", ".*>") or "events") if e is not None else "events"
+        token = subject_token(e.get("subject") or "") if e is not None else "events"
         if mid is None or mid not in seen:
             stored.append((token, mid, line))
         if mid is not None:

@@ -41,14 +41,6 @@ lease_bucket::lease_bucket(const connection& c, const std::string& consumer, std
                            int replicas)
     : name_(idem::jetstream::lease_bucket(consumer)), ttl_(ttl) {
     check_name("consumer name", consumer);
-    if (js_KeyValue(&kv_, c.js(), name_.c_str()) == NATS_OK) {
-        kvStatus* st = nullptr;
-        if (kvStore_Status(&st, kv_) == NATS_OK) {
-            ttl_ = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::nanoseconds(kvStatus_TTL(st)));
-            kvStatus_Destroy(st);
-        }
-        return;
-    }
     kvConfig cfg;
     kvConfig_Init(&cfg);
     cfg.Bucket = name_.c_str();
@@ -56,7 +48,31 @@ lease_bucket::lease_bucket(const connection& c, const std::string& consumer, std
     cfg.TTL = std::chrono::duration_cast<std::chrono::nanoseconds>(ttl).count();
     cfg.Replicas = replicas;
     cfg.StorageType = js_FileStorage;
-    check_nats(js_CreateKeyValue(&kv_, c.js(), &cfg), "creating the lease bucket '" + name_ + "'");
+    // A cluster that has just started (or is electing a leader) may let the first requests time
+    // out; a creation whose answer was lost may have happened: look again before creating.
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    auto open_or_create = [&](kvStore** kv, const std::string& name) {
+        for (;;) {
+            if (js_KeyValue(kv, c.js(), name.c_str()) == NATS_OK) return true;
+            auto s = js_CreateKeyValue(kv, c.js(), &cfg);
+            if (s == NATS_OK) return false;
+            if (s != NATS_TIMEOUT || std::chrono::steady_clock::now() > give_up) {
+                throw_nats(s, "creating the bucket '" + name + "'");
+            }
+            *kv = nullptr;
+        }
+    };
+    if (open_or_create(&kv_, name_)) {
+        kvStatus* st = nullptr;
+        if (kvStore_Status(&st, kv_) == NATS_OK) {
+            ttl_ = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::nanoseconds(kvStatus_TTL(st)));
+            kvStatus_Destroy(st);
+        }
+    }
+    const auto kept_name = "idem-kept-" + consumer;
+    cfg.Bucket = kept_name.c_str();
+    cfg.TTL = 0;
+    (void)open_or_create(&kept_, kept_name);
 }
 
 lease_bucket::lease_bucket(const connection& c, const std::string& consumer)
@@ -64,24 +80,46 @@ lease_bucket::lease_bucket(const connection& c, const std::string& consumer)
     check_name("consumer name", consumer);
     check_nats(js_KeyValue(&kv_, c.js(), name_.c_str()),
                "opening the lease bucket '" + name_ + "' (no partitioned group of consumer '" + consumer + "'?)");
+    if (js_KeyValue(&kept_, c.js(), ("idem-kept-" + consumer).c_str()) != NATS_OK) kept_ = nullptr;
 }
 
 lease_bucket::~lease_bucket() {
     if (kv_ != nullptr) kvStore_Destroy(kv_);
+    if (kept_ != nullptr) kvStore_Destroy(kept_);
+}
+
+void lease_bucket::unkeep(std::uint32_t k) {
+    if (kept_ != nullptr) (void)kvStore_Delete(kept_, lease_key(k).c_str());
 }
 
 lease_entry lease_bucket::read(std::uint32_t k) {
     kvEntry* e = nullptr;
-    auto s = kvStore_Get(&e, kv_, lease_key(k).c_str());
-    if (s == NATS_NOT_FOUND) return {};
-    check_nats(s, "reading lease " + lease_key(k) + " of bucket '" + name_ + "'");
     lease_entry out;
-    out.revision = kvEntry_Revision(e);
+    auto s = kvStore_Get(&e, kv_, lease_key(k).c_str());
+    if (s != NATS_NOT_FOUND) {
+        check_nats(s, "reading lease " + lease_key(k) + " of bucket '" + name_ + "'");
+        out.revision = kvEntry_Revision(e);
+        std::string v(static_cast<const char*>(kvEntry_Value(e)), static_cast<std::size_t>(kvEntry_ValueLen(e)));
+        kvEntry_Destroy(e);
+        auto space = v.find(' ');
+        if (v != "-" && space != std::string::npos) {
+            out.instance = v.substr(0, space);
+            std::from_chars(v.data() + space + 1, v.data() + v.size(), out.checkpoint);
+            return out;
+        }
+    }
+    // Free (given up, expired or never taken): a copy kept by a stopped owner?
+    if (kept_ == nullptr) return out;
+    e = nullptr;
+    s = kvStore_Get(&e, kept_, lease_key(k).c_str());
+    if (s == NATS_NOT_FOUND) return out;
+    check_nats(s, "reading the kept copy of " + lease_key(k) + " of consumer bucket '" + name_ + "'");
     std::string v(static_cast<const char*>(kvEntry_Value(e)), static_cast<std::size_t>(kvEntry_ValueLen(e)));
     kvEntry_Destroy(e);
     auto space = v.find(' ');
-    if (v == "-" || space == std::string::npos) return out;  // free
-    out.instance = v.substr(0, space);
+    if (space == std::string::npos) return out;
+    out.kept = true;
+    out.kept_by = v.substr(0, space);
     std::from_chars(v.data() + space + 1, v.data() + v.size(), out.checkpoint);
     return out;
 }
@@ -96,7 +134,10 @@ std::optional<std::uint64_t> lease_bucket::try_take(std::uint32_t k, const std::
     natsStatus s = now.revision == 0
                        ? kvStore_CreateString(&rev, kv_, key.c_str(), value.c_str())
                        : kvStore_UpdateString(&rev, kv_, key.c_str(), value.c_str(), now.revision);
-    if (s == NATS_OK) return rev;
+    if (s == NATS_OK) {
+        if (now.kept) unkeep(k);  // its new owner's copy is the one that counts now
+        return rev;
+    }
     if (conflict(s)) return std::nullopt;
     throw_nats(s, "taking lease " + key + " of bucket '" + name_ + "'");
 }
@@ -119,9 +160,26 @@ std::optional<std::uint64_t> lease_bucket::renew(std::uint32_t k, const std::str
     return std::nullopt;
 }
 
-bool lease_bucket::release(std::uint32_t k, std::uint64_t revision) {
+std::optional<std::uint64_t> lease_bucket::release(std::uint32_t k, std::uint64_t revision) {
     std::uint64_t rev = 0;
-    return kvStore_UpdateString(&rev, kv_, lease_key(k).c_str(), "-", revision) == NATS_OK;
+    if (kvStore_UpdateString(&rev, kv_, lease_key(k).c_str(), "-", revision) != NATS_OK) return std::nullopt;
+    return rev;
+}
+
+std::optional<std::uint64_t> lease_bucket::release(std::uint32_t k, std::uint64_t revision,
+                                                   const std::string& instance, std::uint64_t checkpoint) {
+    std::uint64_t rev = 0;
+    if (kept_ != nullptr) {
+        // Recorded while the lease is still ours: no one takes it (and deletes the record) before.
+        const auto value = lease_value(instance, checkpoint);
+        if (kvStore_PutString(&rev, kept_, lease_key(k).c_str(), value.c_str()) != NATS_OK) return std::nullopt;
+    }
+    if (revision == 0) return 0;
+    if (kvStore_UpdateString(&rev, kv_, lease_key(k).c_str(), "-", revision) != NATS_OK) {
+        unkeep(k);
+        return std::nullopt;
+    }
+    return rev;
 }
 
 void lease_bucket::heartbeat(const std::string& instance) {

@@ -7,6 +7,11 @@
 // revision otherwise), so two instances never both succeed in taking or renewing one lease.
 // A released lease is written as "-" (free) by compare-and-set, never deleted: a delete is not
 // conditional and could remove the lease another instance took meanwhile.
+//
+// A copy kept by a stopped instance is recorded in a second bucket without TTL,
+// "idem-kept-<consumer>" (a lease's own key expires with the TTL): key "p.<k>", value
+// "<instance> <checkpoint>", written on stop before the lease is given up, deleted by whoever
+// takes the lease next. read() reports it on a free lease (kept, with that checkpoint).
 
 #include "connection.hpp"
 
@@ -23,6 +28,8 @@ struct lease_entry {
     std::string instance;  ///< "" when free (released, or absent)
     std::uint64_t checkpoint = 0;
     std::uint64_t revision = 0;  ///< 0 when absent or deleted
+    bool kept = false;  ///< free, given up on stop: its last owner keeps a copy up to checkpoint
+    std::string kept_by;  ///< that owner, when kept
 };
 
 class lease_bucket {
@@ -48,8 +55,14 @@ public:
     /// (the lease's state is then unknown: the caller's fence decides).
     std::optional<std::uint64_t> renew(std::uint32_t k, const std::string& instance, std::uint64_t checkpoint,
                                        std::uint64_t revision);
-    /// Marks a held lease free by compare-and-set; false when it was no longer ours.
-    bool release(std::uint32_t k, std::uint64_t revision);
+    /// Marks a held lease free by compare-and-set; returns the new revision, or nothing when it
+    /// was no longer ours (or the broker did not answer).
+    std::optional<std::uint64_t> release(std::uint32_t k, std::uint64_t revision);
+    /// Records instance's copy of k as kept up to checkpoint, then marks the lease free by
+    /// compare-and-set on revision (revision 0: the lease expired, only the record is written);
+    /// when the lease was no longer ours, the record goes again and nothing is returned.
+    std::optional<std::uint64_t> release(std::uint32_t k, std::uint64_t revision, const std::string& instance,
+                                         std::uint64_t checkpoint);
     /// Says that instance is alive (renewed with the leases).
     void heartbeat(const std::string& instance);
     /// Says that instance stopped.
@@ -58,7 +71,9 @@ public:
     std::vector<std::string> live_instances();
 
 private:
+    void unkeep(std::uint32_t k);
     kvStore* kv_ = nullptr;
+    kvStore* kept_ = nullptr;  // the kept copies (nullptr when reading a group that has none)
     std::string name_;
     std::chrono::milliseconds ttl_{0};
 };

@@ -83,14 +83,17 @@ std::vector<lease_owner> read_owners(const std::vector<std::string>& servers, co
     std::vector<lease_owner> out;
     for (std::uint32_t k = 0; k < 4096; ++k) {
         auto e = b.read(k);
-        if (e.revision == 0) {
+        if (e.revision == 0 && !e.kept) {
             // Partitions are numbered densely: stop after a run of absent keys.
             bool more = false;
-            for (std::uint32_t j = k + 1; j < k + 16 && !more; ++j) more = b.read(j).revision != 0;
+            for (std::uint32_t j = k + 1; j < k + 16 && !more; ++j) {
+                auto later = b.read(j);
+                more = later.revision != 0 || later.kept;
+            }
             if (!more) break;
             continue;
         }
-        out.push_back({k, e.instance, e.revision, e.checkpoint});
+        out.push_back({k, e.instance, e.revision, e.checkpoint, e.kept, e.kept_by});
     }
     return out;
 }
@@ -135,8 +138,16 @@ struct partitioned_consumer::impl {
         std::atomic<bool> done{false};
         std::exception_ptr error;
         source_result run_result;
+        std::uint64_t final_checkpoint = 0;  // read by finish() before the environment closes
     };
     std::map<std::uint32_t, std::unique_ptr<owned>> held;
+    int excess_ticks = 0;  // consecutive ticks that found more held than the share
+    // Partitions given up for balance whose copy is kept until another instance takes the lease:
+    // k -> the copy's checkpoint. Should the group stop before anyone takes one, the copy
+    // (current when it was given up) stays in this instance's dump.
+    std::map<std::uint32_t, std::uint64_t> released;
+    bool reached = false;  // --until-caught-up: every partition reached its target
+    std::vector<std::uint64_t> targets;  // --until-caught-up: the last sequence of each partition
 
     bool stopping() const { return stop_requested.load() || (o.stop != nullptr && o.stop->load()); }
     std::chrono::nanoseconds ttl() const { return leases->ttl(); }
@@ -149,12 +160,17 @@ struct partitioned_consumer::impl {
     void finish(owned& p, bool drop);
     void drop_copy(std::uint32_t k);
     void write_owned_file();
+    void write_owned_file(const std::vector<std::uint32_t>& ks);
     void drop_foreign_copies();
     std::uint64_t checkpoint_of(owned& p);
     std::string durable_prefix(std::uint32_t k) const { return o.source.consumer + "-p" + std::to_string(k) + "-r"; }
     void delete_old_consumers(std::uint32_t k, const std::string& keep);
     void renew_held();
+    void forget_taken_copies();
     void tick();
+    bool take(std::uint32_t k);
+    bool caught_up();
+    void read_targets();
 };
 
 partitioned_consumer::partitioned_consumer(partitioned_options options) : impl_(std::make_unique<impl>()) {
@@ -204,10 +220,16 @@ void partitioned_consumer::impl::drop_copy(std::uint32_t k) {
 // DIR/owned lists the partitions this instance holds, one a line, replaced atomically: what
 // `idem dump` of DIR shows.
 void partitioned_consumer::impl::write_owned_file() {
+    std::vector<std::uint32_t> ks;
+    for (const auto& [k, p] : held) ks.push_back(k);
+    write_owned_file(ks);
+}
+
+void partitioned_consumer::impl::write_owned_file(const std::vector<std::uint32_t>& ks) {
     auto tmp = o.db / "owned.tmp";
     {
         std::ofstream f(tmp, std::ios::trunc);
-        for (const auto& [k, p] : held) f << k << "\n";
+        for (auto k : ks) f << k << "\n";
     }
     std::filesystem::rename(tmp, o.db / "owned");
 }
@@ -309,7 +331,10 @@ void partitioned_consumer::impl::start(std::uint32_t k, std::uint64_t revision, 
 void partitioned_consumer::impl::finish(owned& p, bool drop) {
     p.stop = true;  // the source checks it between fetches
     if (p.th.joinable()) p.th.join();
-    if (p.eng) p.eng->async_stop(boost::asio::use_future).get();
+    if (p.eng) {
+        p.eng->async_stop(boost::asio::use_future).get();
+        p.final_checkpoint = checkpoint_of(p);
+    }
     p.eng.reset();
     result.fetched += p.run_result.fetched;
     p.src.reset();
@@ -370,17 +395,47 @@ void partitioned_consumer::impl::renew_held() {
     }
 }
 
+// Drops the copies of partitions given up for balance that another instance has taken since.
+void partitioned_consumer::impl::forget_taken_copies() {
+    for (auto it = released.begin(); it != released.end();) {
+        auto lease = leases->read(it->first);
+        if (!lease.instance.empty() && lease.instance != o.instance) {
+            drop_copy(it->first);
+            it = released.erase(it);
+        } else {
+            ++it;
+        }
+    }
+}
+
 void partitioned_consumer::impl::tick() {
     leases->heartbeat(o.instance);
     renew_held();
-    // Balance: at most ceil(N / live) each.
+    forget_taken_copies();
+    // An instance that is stopping neither gives up nor takes: what it gives up now, no one may
+    // take before the group has stopped (the partition would be in no dump), and what it takes
+    // now it would hold with a copy that has not caught up.
+    if (stopping()) return;
+    if (!targets.empty() && caught_up()) {
+        reached = true;
+        stop_requested = true;
+        return;
+    }
+    // Balance: at most ceil(N / live) each. A partition is given up only once the excess has
+    // lasted two ticks: a count of live instances that is briefly high (one starting and
+    // stopping again, one whose heartbeat is about to be deleted on stop) moves nothing.
     auto live = std::max<std::size_t>(leases->live_instances().size(), 1);
     const auto share = static_cast<std::size_t>((o.partitions + live - 1) / live);
-    if (held.size() > share) {
+    excess_ticks = held.size() > share ? excess_ticks + 1 : 0;
+    if (excess_ticks >= 2) {
         auto it = std::prev(held.end());
         auto& p = *it->second;
-        finish(p, true);
-        (void)leases->release(p.k, p.revision);
+        finish(p, false);
+        if (leases->release(p.k, p.revision)) {
+            released[p.k] = p.final_checkpoint;  // the copy goes once another instance took it
+        } else {
+            drop_copy(p.k);
+        }
         if (o.on_lease) o.on_lease(p.k, false, p.revision, "rebalanced");
         ++result.given_up;
         held.erase(it);
@@ -399,19 +454,59 @@ void partitioned_consumer::impl::tick() {
     for (auto k : order) {
         if (held.size() >= share || stopping()) break;
         if (held.contains(k)) continue;
-        const auto sent = now_ns();
-        auto lease = leases->read(k);
-        std::optional<std::uint64_t> rev;
-        if (lease.instance == o.instance) {
-            rev = leases->renew(k, o.instance, lease.checkpoint, lease.revision);  // this instance, restarted
-        } else if (lease.instance.empty()) {
-            rev = leases->try_take(k, o.instance, 0);
-        }
-        if (!rev) continue;
-        start(k, *rev, sent);
-        write_owned_file();
+        if (!take(k)) continue;
         renew_held();  // starting a partition takes a while (a consumer on a replicated stream)
     }
+}
+
+// Takes partition k if it is free (or still names this instance, restarted) and starts it.
+bool partitioned_consumer::impl::take(std::uint32_t k) {
+    const auto sent = now_ns();
+    auto lease = leases->read(k);
+    // --until-caught-up: a partition given up on stop by an owner that had reached the target
+    // is caught up in that owner's copy; taking it would only replay it into a second one.
+    if (!targets.empty() && lease.kept && lease.checkpoint >= targets[k]) return false;
+    std::optional<std::uint64_t> rev;
+    if (lease.instance == o.instance) {
+        rev = leases->renew(k, o.instance, lease.checkpoint, lease.revision);  // this instance, restarted
+    } else if (lease.instance.empty()) {
+        rev = leases->try_take(k, o.instance, 0);
+    }
+    if (!rev) return false;
+    if (stopping()) {  // asked to stop while taking it: give it back unstarted
+        (void)leases->release(k, *rev);
+        return false;
+    }
+    released.erase(k);  // taken back: its kept copy resumes
+    start(k, *rev, sent);
+    write_owned_file();
+    return true;
+}
+
+// The last sequence of each partition's subjects in the stream, as it is now.
+void partitioned_consumer::impl::read_targets() {
+    targets.assign(o.partitions, 0);
+    for (std::uint32_t k = 0; k < o.partitions; ++k) {
+        const auto filter = prefix + "." + std::to_string(k) + ".>";
+        natsMsg* m = nullptr;
+        jsErrCode jerr{};
+        auto st = js_GetLastMsg(&m, conn->js(), o.source.stream.c_str(), filter.c_str(), nullptr, &jerr);
+        if (st == NATS_NOT_FOUND) continue;  // nothing in that partition yet
+        detail::check_nats(st, "reading the last message of '" + filter + "' in stream '" + o.source.stream + "'", jerr);
+        targets[k] = natsMsg_GetSequence(m);
+        natsMsg_Destroy(m);
+    }
+}
+
+// Whether every partition has an owner (or, given up on stop, a last owner that kept its copy)
+// whose published checkpoint reached the partition's target.
+bool partitioned_consumer::impl::caught_up() {
+    for (std::uint32_t k = 0; k < o.partitions; ++k) {
+        auto lease = leases->read(k);
+        if (lease.instance.empty() && !lease.kept) return false;
+        if (lease.checkpoint < targets[k]) return false;
+    }
+    return true;
 }
 
 partitioned_result partitioned_consumer::run() {
@@ -420,8 +515,20 @@ partitioned_result partitioned_consumer::run() {
     s.completions = std::thread([&s] { s.io.run(); });
     s.drop_foreign_copies();
     s.write_owned_file();
+    if (s.o.until_caught_up) s.read_targets();
     const auto period = std::chrono::duration_cast<std::chrono::milliseconds>(s.ttl() / 4);
     std::exception_ptr failure;
+    // Say this instance is alive a tick before taking anything: instances started together
+    // then count each other at their first take and split the partitions at once, instead of
+    // one taking them all and handing most over again (each handover a replay).
+    try {
+        s.leases->heartbeat(s.o.instance);
+        for (auto waited = std::chrono::milliseconds(0); waited < period && !s.stopping();
+             waited += std::chrono::milliseconds(20)) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        }
+    } catch (const std::system_error&) {
+    }
     while (!s.stopping()) {
         try {
             s.tick();
@@ -437,23 +544,52 @@ partitioned_result partitioned_consumer::run() {
             std::this_thread::sleep_for(std::chrono::milliseconds(20));
         }
     }
-    // Stop: every partition acks what it holds, then its lease is given up; the copies stay
-    // (what this instance held when it stopped is what its dump shows).
+    // Stop: first the heartbeat goes, so that the others no longer count this instance and
+    // give nothing up for it; then every partition acks what it holds, its copy is recorded as
+    // kept with its checkpoint and its lease is given up; the copies stay (what this instance
+    // held when it stopped is what its dump shows).
+    try {
+        s.leases->leave(s.o.instance);
+    } catch (const std::system_error&) {
+    }
     for (auto& [k, p] : s.held) {
         s.finish(*p, false);
         s.result.owned_at_stop.push_back(k);
         try {
-            (void)s.leases->release(k, p->revision);
+            (void)s.leases->release(k, p->revision, s.o.instance, p->final_checkpoint);
         } catch (const std::system_error&) {
         }
         if (s.o.on_lease) s.o.on_lease(k, false, p->revision, "stopped");
         if (p->error && !failure) failure = p->error;
     }
     s.held.clear();
-    try {
-        s.leases->leave(s.o.instance);
-    } catch (const std::system_error&) {
+    // Partitions given up for balance that no one has taken: their copies stay in this
+    // instance's dump and are recorded as kept, with their checkpoints. One another instance
+    // holds, or kept on its own stop, is that instance's to show: this copy goes.
+    for (auto it = s.released.begin(); it != s.released.end();) {
+        const auto k = it->first;
+        bool kept = false;
+        try {
+            for (int attempt = 0; attempt < 3 && !kept; ++attempt) {
+                auto lease = s.leases->read(k);
+                if (!lease.instance.empty() || lease.kept) break;
+                // Free (our release, expired, or taken and given back unstarted by an instance
+                // stopping meanwhile): recorded as kept, by compare-and-set unless expired;
+                // read again if it moved.
+                kept = s.leases->release(k, lease.revision, s.o.instance, it->second).has_value();
+            }
+        } catch (const std::system_error&) {
+        }
+        if (kept) {
+            s.result.owned_at_stop.push_back(k);
+            ++it;
+        } else {
+            s.drop_copy(k);
+            it = s.released.erase(it);
+        }
     }
+    s.write_owned_file(s.result.owned_at_stop);  // what was held at the stop, and the kept copies
+    s.result.caught_up = s.reached;
     s.work.reset();
     s.completions.join();
     if (failure) std::rethrow_exception(failure);

@@ -182,10 +182,10 @@ void set_up_stream(const detail::connection& c, const publish_options& o, const 
     r.duplicates_window = std::chrono::nanoseconds(config.Duplicates);
     r.replicas = static_cast<int>(config.Replicas);
     auto captured = std::any_of(r.stream_subjects.begin(), r.stream_subjects.end(),
-                                [&](const std::string& f) { return detail::captures(f, subject.pattern()); });
+                                [&](const std::string& f) { return detail::captures(f, subject.sent()); });
     if (!captured) {
         throw_error(errc::invalid_argument, "stream '" + o.stream + "' at '" + c.servers() +
-                                                "' does not capture subject '" + subject.pattern() +
+                                                "' does not capture subject '" + subject.sent() +
                                                 "' (its subjects: " + join(r.stream_subjects) +
                                                 "); choose one of them, or another stream");
     }
@@ -203,7 +203,11 @@ std::vector<std::string> server_list(const std::vector<std::string>& given) {
 class publisher {
 public:
     publisher(const publish_options& o, publish_result& r)
-        : o_(o), r_(r), subject_(o.subject), conn_(server_list(o.servers), "idem publish", o.ack_timeout) {
+        : o_(o),
+          r_(r),
+          subject_(o.subject_template.empty() ? detail::publish_subject(o.subject)
+                                              : detail::publish_subject(o.subject, o.subject_template)),
+          conn_(server_list(o.servers), "idem publish", o.ack_timeout) {
         set_up_stream(conn_, o_, subject_, r_);
         js_ = std::make_unique<publish_context>(conn_, o_, st_);
         max_payload_ = natsConnection_GetMaxPayload(conn_.nc());
@@ -406,5 +410,9 @@ publish_result publish(const publish_options& options) {
     r.elapsed = clock::now() - start;
     return r;
 }
+
+std::string subject_token(std::string_view subject) { return detail::subject_token(subject); }
+
+std::optional<std::string> subject_of_token(std::string_view token) { return detail::subject_of_token(token); }
 
 }  // namespace idem::jetstream

@@ -52,7 +52,36 @@ std::string publish_msg_id(const envelope& e) {
 
 std::string subject_token(std::string_view s) {
     if (s.empty()) return "events";
+    if (s == "events") return "%65vents";  // "events" stands for no subject
     return percent_encode(s, ".*>%");
+}
+
+std::optional<std::string> subject_of_token(std::string_view token) {
+    if (token == "events") return std::string{};
+    auto hex = [](char c) -> int {
+        if (c >= '0' && c <= '9') return c - '0';
+        if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+        return -1;
+    };
+    std::string out;
+    for (std::size_t i = 0; i < token.size(); ++i) {
+        const char c = token[i];
+        auto b = static_cast<unsigned char>(c);
+        if (c == '%') {
+            if (i + 2 >= token.size()) return std::nullopt;
+            const int hi = hex(token[i + 1]);
+            const int lo = hex(token[i + 2]);
+            if (hi < 0 || lo < 0) return std::nullopt;
+            out += static_cast<char>(hi * 16 + lo);
+            i += 2;
+        } else if (b < 0x21 || b > 0x7E || c == '.' || c == '*' || c == '>') {
+            return std::nullopt;
+        } else {
+            out += c;
+        }
+    }
+    if (subject_token(out) != token) return std::nullopt;  // not the one encoding of out
+    return out;
 }
 
 publish_subject::publish_subject(std::string pattern) : pattern_(std::move(pattern)) {
@@ -74,9 +103,48 @@ publish_subject::publish_subject(std::string pattern) : pattern_(std::move(patte
         if (t == ">" && i + 1 != ts.size()) refuse("has '>' before its last token");
         if (t == "*" || t == ">") wildcard_ = true;
     }
+    sent_ = pattern_;
+}
+
+publish_subject::publish_subject(std::string pattern, std::string subject_template)
+    : publish_subject(std::move(pattern)) {
+    template_ = std::move(subject_template);
+    auto refuse = [&](const std::string& why) {
+        throw_error(errc::invalid_argument, "subject template '" + template_ + "' " + why);
+    };
+    if (template_.empty()) refuse("is empty");
+    bool placed = false;
+    sent_.clear();
+    for (auto t : tokens(template_)) {
+        if (t.empty()) refuse("has an empty token (a leading, trailing or double dot)");
+        for (char c : t) {
+            if (static_cast<unsigned char>(c) <= 0x20 || c == 0x7F)
+                refuse("contains whitespace or a control character");
+        }
+        if (t == "{subject}") {
+            placed = true;
+        } else if (t.find_first_of("{}") != std::string_view::npos) {
+            refuse("has '{' or '}' outside a whole '{subject}' token");
+        } else if (t.find_first_of("*>") != std::string_view::npos) {
+            refuse("has a wildcard: a template names one subject per message");
+        }
+        if (!sent_.empty()) sent_ += '.';
+        sent_ += t == "{subject}" ? std::string_view("*") : t;
+    }
+    if (!placed) refuse("has no '{subject}' token");
+    if (!captures(pattern_, sent_)) refuse("makes subjects that '" + pattern_ + "' does not capture");
 }
 
 std::string publish_subject::for_event(std::string_view event_subject) const {
+    if (!template_.empty()) {
+        const auto token = subject_token(event_subject);
+        std::string out;
+        for (auto t : tokens(template_)) {
+            if (!out.empty()) out += '.';
+            out += t == "{subject}" ? std::string_view(token) : t;
+        }
+        return out;
+    }
     if (!wildcard_) return pattern_;
     const auto token = subject_token(event_subject);
     std::string out;

@@ -116,7 +116,9 @@ std::vector<option> jetstream_consume_options() {
          "with --nats: resume although the stream went back behind the checkpoint (purged, recreated) instead "
          "of stopping with exit 2"},
         {"until-caught-up", "",
-         "with --nats: stop once everything up to the stream's last sequence at the start is acked"},
+         "with --nats: stop once everything up to the stream's last sequence at the start is acked; with "
+         "--partitions, once every partition has an owner whose checkpoint reached that partition's last sequence "
+         "at the start (or had one that stopped there)"},
         {"ack-log", "FILE", "with --nats: append one JSON line per ack or nak as it is sent (an audit)"},
         {"partitions", "N",
          "with --nats: partitioned mode: the stream captures '<prefix>.>' mapped to '<prefix>.<k>.<key>' for k < N; "

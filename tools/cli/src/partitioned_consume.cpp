@@ -8,6 +8,7 @@
 #include "text.hpp"
 
 #include <idem/sources/jetstream_partitions.hpp>
+#include <idem/sources/jetstream_publish.hpp>
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -91,14 +92,44 @@ std::string default_instance(const std::filesystem::path& db) {
     return name + "-" + hex;
 }
 
+// owners --key K --partitions N: where each key lives, one JSON line each (the partition the
+// servers' mapping gives it, as partition_of computes it, and the instance holding it now).
+int key_owners(const arguments& a, const std::vector<jetstream::lease_owner>& list) {
+    if (!a.get("partitions")) throw usage_error("option '--key' needs --partitions N (the N of the mapping)");
+    const auto n = a.positive("partitions", 1);
+    if (n > 4096) throw usage_error("option '--partitions': " + a.required("partitions") + " is more than 4096");
+    std::string out;
+    for (const auto& key : a.all("key")) {
+        const auto k = jetstream::partition_of(key, static_cast<std::uint32_t>(n));
+        std::string instance;
+        for (const auto& l : list) {
+            if (l.partition == k) instance = l.instance;
+        }
+        json_writer w{out};
+        w.begin_object()
+            .field("key", key)
+            .field("token", jetstream::subject_token(key))
+            .field("partition", std::uint64_t{k})
+            .field("instance", instance);
+        w.end_object();
+        out += "\n";
+    }
+    print(out);
+    return 0;
+}
+
 int owners(const arguments& a) {
     auto list = jetstream::read_owners(jetstream::split_servers(a.required("nats")), a.required("consumer"));
+    if (!a.all("key").empty()) return key_owners(a, list);
+    if (a.get("partitions")) throw usage_error("option '--partitions' goes with --key");
     std::string out;
     json_writer w{out};
     w.begin_object();
     for (const auto& l : list) {
         w.key(std::to_string(l.partition)).begin_object().field("instance", l.instance).field("revision", l.revision);
-        w.field("checkpoint", l.checkpoint).end_object();
+        w.field("checkpoint", l.checkpoint).field("kept", l.kept);
+        if (l.kept) w.field("kept_by", l.kept_by);
+        w.end_object();
     }
     w.end_object();
     print(out + "\n");
@@ -110,7 +141,10 @@ int owners(const arguments& a) {
 int consume_partitioned(const tool_context& t, const arguments& a) {
     jetstream::partitioned_options po;
     fill_source_options(a, po.source);
-    if (po.source.until_caught_up) throw usage_error("option '--until-caught-up' is not supported with --partitions");
+    // --until-caught-up: the group's condition (every partition's owner reached the partition's
+    // last sequence), not each partition's source by itself.
+    po.until_caught_up = po.source.until_caught_up;
+    po.source.until_caught_up = false;
     if (a.get("replica")) throw usage_error("option '--replica' is replicated mode: not with --partitions");
     if (a.get("subject")) throw usage_error("option '--subject' does not apply with --partitions (each partition has its own)");
     po.partitions = static_cast<std::uint32_t>(a.positive("partitions", 1));
@@ -145,7 +179,8 @@ int consume_partitioned(const tool_context& t, const arguments& a) {
         .field("taken", r.taken)
         .field("lost", r.lost)
         .field("given_up", r.given_up)
-        .field("fetched", r.fetched);
+        .field("fetched", r.fetched)
+        .field("caught_up", r.caught_up);
     w.key("owned_at_stop").begin_array();
     for (auto k : r.owned_at_stop) w.value(std::uint64_t{k});
     w.end_array().end_object();
@@ -159,9 +194,14 @@ int consume_partitioned(const tool_context& t, const arguments& a) {
 command owners_command() {
     return command{"owners",
                    "print a partitioned group's leases as JSON: partition -> {instance (\"\" when free), revision, "
-                   "checkpoint}",
+                   "checkpoint, kept and kept_by (free, given up on stop by an owner that kept its copy up to checkpoint)}",
                    {{"nats", "URL[,URL...]", "the NATS servers", true},
-                    {"consumer", "NAME", "the group's consumer name (its lease bucket is idem-leases-NAME)", true}},
+                    {"consumer", "NAME", "the group's consumer name (its lease bucket is idem-leases-NAME)", true},
+                    {"key", "K",
+                     "instead: one JSON line per key with its subject token, its partition and the instance holding "
+                     "it now (\"\" when free)",
+                     false, true},
+                    {"partitions", "N", "with --key: the N of the servers' mapping"}},
                    owners};
 }
 

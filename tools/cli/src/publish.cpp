@@ -22,6 +22,7 @@ jetstream::publish_options options_from(const arguments& a) {
     o.servers = {a.required("nats")};  // split by the library
     o.stream = a.required("stream");
     o.subject = a.required("subject");
+    o.subject_template = a.get("subject-template").value_or("");
     for (const auto& l : a.all("log")) o.logs.emplace_back(l);
     o.format = format_from(a);
     o.skip_bad = a.flag("skip-bad");
@@ -129,6 +130,10 @@ command publish_command() {
           "the subject the stream captures; with a wildcard (orders.> or orders.*) each message goes to the envelope's "
           "subject in its place (orders.o-1; 'events' if it has none)",
           true},
+         {"subject-template", "T",
+          "each message's subject: T with every whole {subject} token replaced by the envelope's subject as one "
+          "token (orders.{subject}; '.', '*', '>', '%', spaces and other bytes outside 0x21-0x7E percent-encoded, "
+          "'events' if it has none); --subject must capture it"},
          log_option,
          format_option,
          skip_bad_option,

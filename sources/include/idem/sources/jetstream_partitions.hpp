@@ -58,6 +58,10 @@ struct partitioned_options {
     std::function<void(store&)> add_projections{};
     std::chrono::milliseconds lease_ttl{10000};  ///< a lease not renewed within expires
     const std::atomic<bool>* stop = nullptr;  ///< checked every tick
+    /// Stop by itself once every partition has an owner (or, given up on stop, a last owner
+    /// that kept its copy) whose checkpoint reached the last sequence the stream held for that
+    /// partition when run() started. Partitions given up that way are not taken again.
+    bool until_caught_up = false;
     /// Called for every ack and nak of a partition just before it is sent (on_ack of source is unused).
     std::function<void(std::uint32_t partition, const ack_event&)> on_ack{};
     /// Told of every lease taken (true) and lost or given up (false), with why ("taken", "lost",
@@ -72,6 +76,7 @@ struct partitioned_result {
     std::uint64_t given_up = 0;  ///< leases released (rebalancing, stop)
     std::uint64_t fetched = 0;   ///< messages fetched over all partition runs
     std::vector<std::uint32_t> owned_at_stop;
+    bool caught_up = false;  ///< stopped by until_caught_up (not by stop())
 };
 
 /// One instance of a partitioned group.
@@ -101,7 +106,9 @@ struct lease_owner {
     std::uint32_t partition = 0;
     std::string instance;  ///< "" when free
     std::uint64_t revision = 0;
-    std::uint64_t checkpoint = 0;  ///< the owner's last published checkpoint
+    std::uint64_t checkpoint = 0;  ///< the owner's last published checkpoint (free: the last owner's, if kept)
+    bool kept = false;  ///< free, given up on stop by an owner that keeps its copy up to checkpoint
+    std::string kept_by;  ///< that owner, when kept
 };
 
 /// Reads the group's leases from its bucket: one entry per partition that has one.

@@ -19,7 +19,14 @@
 // envelope's `subject` attribute encoded as one NATS token (bytes outside 0x21-0x7E and `.`,
 // `*`, `>`, `%` percent-encoded: "%2E" for a dot), or by "events" when the envelope has no
 // subject or the record is not an envelope. So `orders.>` puts order o-1's events on
-// `orders.o-1`, and a consumer may filter one aggregate's subject.
+// `orders.o-1`, and a consumer may filter one aggregate's subject. A subject equal to "events"
+// itself is encoded "%65vents", so that every token decodes back to one subject
+// (subject_of_token).
+//
+// A subject template (`subject_template`, e.g. "orders.{subject}") names each message's subject
+// instead: its literal tokens as they are, each whole `{subject}` token replaced by the encoded
+// envelope subject as above; the stream's subject (`subject`, e.g. "orders.>") must capture it.
+// This is how producers feed a partitioned stream: the servers' mapping then hashes that token.
 //
 // Message ids (Nats-Msg-Id), with msg_id_policy::envelope: the envelope's `msgid` extension if it
 // has one, else "<byte length of source>:<source><id>", the CloudEvents identity (source + id:
@@ -52,6 +59,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace idem::jetstream {
@@ -68,6 +76,7 @@ struct publish_options {
     std::vector<std::string> servers;
     std::string stream;                       ///< the stream (created if missing)
     std::string subject;                      ///< the subject it captures, maybe with wildcards (see above)
+    std::string subject_template;             ///< each message's subject, "{subject}" filled in ("": from subject)
     std::vector<std::filesystem::path> logs;  ///< read in order, records in file order
     std::optional<log_format> format{};       ///< the logs' format; unset: detected from each file
     bool skip_bad = false;                    ///< binary logs: skip and count corrupt records
@@ -106,5 +115,13 @@ struct publish_result {
 /// (naming them), errc::broker_failed when no server answers (naming the URLs) or a publish still
 /// fails after retry_for (naming the log and line), and the log reader's errors naming the file.
 publish_result publish(const publish_options& options);
+
+/// Returns an envelope subject (an aggregate key) as the one NATS subject token `publish` puts
+/// in place of a wildcard or of `{subject}` (see above).
+std::string subject_token(std::string_view subject);
+
+/// Returns the envelope subject a token of subject_token() stands for; nothing when the token is
+/// not one subject_token() makes.
+std::optional<std::string> subject_of_token(std::string_view token);
 
 }  // namespace idem::jetstream

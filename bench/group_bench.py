@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+"""Group benchmark of `idem consume --partitions` on a 3-node JetStream cluster on loopback
+(tests/jetstream/nats_cluster.py): the same stream (3 replicas, N partitions by the servers'
+mapping) consumed by a group of 1, 2 and 3 instances, each group under its own consumer name
+from the start of the stream, with --until-caught-up. Printed side by side, round after round
+(the groups interleaved, so that the machine's load falls on all of them alike): the events/s of
+the whole group (messages stored / wall time from the first instance's start to the last one's exit,
+lease taking, consumer set-up and rebalancing included), the messages each group fetched in all
+(a partition handed over during a rebalance is replayed by its new owner), and the ratio to the
+1-instance group. Medians at the end. Not a test: nothing is asserted but that every group ends
+with the rows of the reference (a wrong group is no benchmark).
+
+usage: group_bench.py PATH/TO/idem [--events N] [--rounds R] [--partitions N] [--groups 1,2,3]
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "jetstream"))
+
+import nats_cluster  # noqa: E402
+
+
+def run(idem, *args):
+    p = subprocess.run([idem, *map(str, args)], capture_output=True, timeout=1800)
+    if p.returncode != 0:
+        raise SystemExit(f"idem {' '.join(map(str, args))} exited {p.returncode}: {p.stderr.decode(errors='replace')}")
+    return p.stdout.decode()
+
+
+def rows(idem, db):
+    return sorted(l for l in run(idem, "dump", "--db", db, "--projection", "order-totals").splitlines() if l.strip())
+
+
+def group(idem, cluster, size, name, partitions):
+    """Runs one group of size instances until caught up; returns (seconds, fetched, dbs)."""
+    dbs = [os.path.join(cluster.dir, f"{name}-i{i}") for i in range(size)]
+    started = time.monotonic()
+    procs = [subprocess.Popen([idem, "consume", "--db", db, "--nats", cluster.urls, "--stream", "ORD", "--consumer",
+                               name, "--partitions", str(partitions), "--instance", f"i{i}", "--lease-ttl", "2s",
+                               "--until-caught-up"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+             for i, db in enumerate(dbs)]
+    outs = [p.communicate(timeout=1800) for p in procs]
+    seconds = time.monotonic() - started
+    fetched = 0
+    for p, (out, err) in zip(procs, outs):
+        if p.returncode != 0:
+            raise SystemExit(f"group {name}: an instance exited {p.returncode}: {err.decode(errors='replace')}")
+        fetched += json.loads(out)["fetched"]
+    return seconds, fetched, dbs
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("idem")
+    ap.add_argument("--events", type=int, default=60000)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--partitions", type=int, default=6)
+    ap.add_argument("--groups", default="1,2,3")
+    a = ap.parse_args()
+    idem = os.path.abspath(a.idem)
+    sizes = [int(x) for x in a.groups.split(",")]
+    mapping = {"orders.*": "orders.{{partition(%d,1)}}.{{wildcard(1)}}" % a.partitions}
+    with nats_cluster.nats_cluster(mappings=mapping) as cluster:
+        log = os.path.join(cluster.dir, "o.jsonl")
+        run(idem, "gen", "--out", log, "--domain", "orders", "--events", a.events, "--aggregates",
+            max(100, a.events // 50), "--seed", 7)
+        published = json.loads(run(idem, "publish", "--nats", cluster.urls, "--stream", "ORD", "--subject", "orders.>",
+                                   "--log", log, "--replicas", 3))
+        ref_db = os.path.join(cluster.dir, "ref")
+        run(idem, "rebuild", "--db", ref_db, "--log", log)
+        ref = rows(idem, ref_db)
+        print(f"group_bench: {a.events} events ({published['stored']} stored, 3 replicas), {a.partitions} partitions, "
+              f"3 nats-server nodes and the instances on {os.cpu_count()} cores; load {os.getloadavg()[0]:.1f}")
+        print("round  " + "  ".join(f"{s} inst: messages/s  fetched" for s in sizes))
+        rates = {s: [] for s in sizes}
+        for r in range(a.rounds):
+            cells = []
+            for s in sizes:
+                seconds, fetched, dbs = group(idem, cluster, s, f"g{s}r{r}", a.partitions)
+                union = sorted(x for db in dbs for x in rows(idem, db))
+                if union != ref:
+                    raise SystemExit(f"group of {s} (round {r}): the union of the dumps differs from the reference")
+                rate = published["stored"] / seconds
+                rates[s].append(rate)
+                cells.append(f"{rate:>19,.0f}  {fetched:>7}")
+            print(f"{r:>5}  " + "  ".join(cells), flush=True)
+        base = statistics.median(rates[sizes[0]])
+        print("median " + "  ".join(f"{statistics.median(rates[s]):>19,.0f} x{statistics.median(rates[s]) / base:.2f}"
+                                    for s in sizes))
+        print(f"load average after: {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()
