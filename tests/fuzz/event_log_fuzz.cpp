@@ -82,8 +82,8 @@ result read(const fs::path& path, std::string_view file, idem::log_reader_option
                         "binary record with a wrong checksum");
                 const char* body = p + record_header + (attributed ? 4 : 0);
                 require(!attributed || get_u32(p + record_header) == r.body.size(), "binary record body length");
-                require(std::memcmp(body, r.body.data(), r.body.size()) == 0, "binary record body");
-                require(std::memcmp(body + r.body.size(), r.attributes.data(), r.attributes.size()) == 0,
+                require(std::string_view(body, r.body.size()) == r.body, "binary record body");
+                require(std::string_view(body + r.body.size(), r.attributes.size()) == r.attributes,
                         "binary record attributes");
             } else {
                 require(r.body.find('\n') == std::string_view::npos, "a JSON line holding a newline");

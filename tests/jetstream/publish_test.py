@@ -174,13 +174,18 @@ class publish_test(publish_case):
 
 
 def lines_of_binary(path):
-    """Reads a binary idem log's payloads (header 16 bytes; records magic, length, crc, payload)."""
+    """Reads a binary idem log's bodies (header 16 bytes, flags at 12; records magic, length,
+    crc, payload; with flag 1 the payload is a u32 body length, the body, its parsed attributes)."""
     with open(path, "rb") as f:
         data = f.read()
+    attributed = int.from_bytes(data[12:16], "little") & 1
     out, at = [], 16
     while at + 12 <= len(data):
         n = int.from_bytes(data[at + 4:at + 8], "little")
-        out.append(data[at + 12:at + 12 + n])
+        payload = data[at + 12:at + 12 + n]
+        if attributed:
+            payload = payload[4:4 + int.from_bytes(payload[:4], "little")]
+        out.append(payload)
         at += 12 + n
     return out
 
