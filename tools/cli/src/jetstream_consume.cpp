@@ -115,6 +115,9 @@ std::vector<option> jetstream_consume_options() {
         {"accept-stream-reset", "",
          "with --nats: resume although the stream went back behind the checkpoint (purged, recreated) instead "
          "of stopping with exit 2"},
+        {"accept-exhausted", "",
+         "with --nats: start although an earlier run stopped because messages reached MaxDeliver without a "
+         "committed outcome (published again, or given up); without it such a store is refused with exit 2"},
         {"until-caught-up", "",
          "with --nats: stop once everything up to the stream's last sequence at the start is acked"},
         {"ack-log", "FILE", "with --nats: append one JSON line per ack or nak as it is sent (an audit)"},
@@ -148,12 +151,30 @@ void fill_source_options(const arguments& a, jetstream::source_options& so) {
     if (a.get("fetch-batch")) so.fetch_batch = static_cast<std::size_t>(a.positive("fetch-batch", 1));
     so.ack_sync = a.flag("ack-sync");
     so.accept_stream_reset = a.flag("accept-stream-reset");
+    so.accept_exhausted = a.flag("accept-exhausted");
     so.until_caught_up = a.flag("until-caught-up");
     so.stop = &stop_requested;
 }
 
+namespace {
+
+int consume_one(const tool_context& t, const arguments& a);
+
+}  // namespace
+
 int consume_jetstream(const tool_context& t, const arguments& a) {
+    // Once every connection is closed and destroyed (the command's locals are gone), the
+    // NATS library's own threads are joined and its memory freed before the process exits.
+    struct nats_library {
+        ~nats_library() { jetstream::close_nats_library(); }
+    } close_at_end;
     if (a.get("partitions")) return consume_partitioned(t, a);
+    return consume_one(t, a);
+}
+
+namespace {
+
+int consume_one(const tool_context& t, const arguments& a) {
     for (const char* name : {"instance", "lease-ttl"}) {
         if (a.get(name)) throw usage_error("option '--" + std::string(name) + "' needs --partitions");
     }
@@ -207,5 +228,7 @@ int consume_jetstream(const tool_context& t, const arguments& a) {
     print(result_json(r, src.bound()));
     return 0;
 }
+
+}  // namespace
 
 }  // namespace idem::cli::detail
