@@ -277,7 +277,9 @@ class settings_test(consume_case):
         variants = {"ack-sync": ["--ack-sync"],
                     "window below the batch": ["--max-ack-pending", 7, "--fetch-batch", 256],
                     "one message a fetch": ["--fetch-batch", 1, "--max-ack-pending", 3],
-                    "backoff": ["--backoff", "1s,2s", "--max-deliver", 4]}
+                    "backoff": ["--backoff", "1s,2s", "--max-deliver", 4],
+                    "small commits": ["--max-batch", 16],
+                    "commits gathered for a while": ["--max-batch", 100000, "--max-delay", "20ms"]}
         for i, (name, extra) in enumerate(variants.items()):
             with self.subTest(name):
                 db, consumer = self.path(f"db{i}"), f"v{i}"

@@ -115,6 +115,11 @@ std::vector<option> jetstream_consume_options() {
         {"accept-stream-reset", "",
          "with --nats: resume although the stream went back behind the checkpoint (purged, recreated) instead "
          "of stopping with exit 2"},
+        {"max-batch", "N",
+         "with --nats: deliveries committed in one transaction at most (default 4096)"},
+        {"max-delay", "D",
+         "with --nats: how long a busy writer waits for --max-batch deliveries to gather before it commits "
+         "what it has (default 0: commit at once; an idle writer never waits)"},
         {"accept-exhausted", "",
          "with --nats: start although an earlier run stopped because messages reached MaxDeliver without a "
          "committed outcome (published again, or given up); without it such a store is refused with exit 2"},
@@ -202,6 +207,11 @@ int consume_one(const tool_context& t, const arguments& a) {
     eo.store.retention.clock = retention_clock::wall;  // a broker redelivers in wall time
     eo.store.retention.source = src.bound();            // a shorter inbox retention is refused
     eo.max_in_flight = std::max<std::size_t>(eo.max_in_flight, 2 * so.fetch_batch);
+    // A commit holds --max-batch deliveries at most, or what gathered within --max-delay.
+    if (a.get("max-batch")) eo.max_batch = static_cast<std::size_t>(a.positive("max-batch", 1));
+    if (auto d = duration_option(a, "max-delay")) {
+        eo.max_delay = std::chrono::duration_cast<std::chrono::microseconds>(*d);
+    }
 
     boost::asio::io_context io;
     auto work = boost::asio::make_work_guard(io);
