@@ -30,7 +30,12 @@ struct pending_apply {
     engine::executor_type ex;
     clock::time_point submitted;
     std::optional<checkpoint> at;  // the source position it was read at
+    std::size_t bytes = 0;         // the delivery's body size
 };
+
+// A prepared item keeps the capacity of the largest delivery it held: one that held a large
+// one is freed rather than kept in the pool.
+constexpr std::size_t pooled_bytes_max = 64 * 1024;
 
 // A flush or stop request: completes when everything queued before it is durable.
 struct pending_marker {
@@ -227,7 +232,7 @@ void engine::submit(delivery d, apply_handler handler, executor_type ex, std::op
     auto submitted = clock::now();
     // Parsing, payload decoding and key functions run here, on the submitter's thread, so
     // the writer's time per delivery is only what needs its transaction.
-    pending_apply p{impl_->take_spare(), std::move(handler), std::move(ex), submitted, std::move(at)};
+    pending_apply p{impl_->take_spare(), std::move(handler), std::move(ex), submitted, std::move(at), d.body.size()};
     try {
         impl_->st->prepare(std::span<const delivery>(&d, 1), p.body);
     } catch (const std::bad_alloc&) {
@@ -282,7 +287,7 @@ void engine::impl::give_back(std::vector<pending_apply>& batch) {
     std::scoped_lock lock{pool_m};
     for (auto& p : batch) {
         if (spare.size() >= options.max_in_flight) break;
-        spare.push_back(std::move(p.body));
+        if (p.bytes <= pooled_bytes_max) spare.push_back(std::move(p.body));
     }
 }
 

@@ -441,8 +441,12 @@ source_result source::run(engine& e) {
                 if (s.stopping()) break;
                 auto window = static_cast<std::size_t>(std::max<std::int64_t>(s.cc.max_ack_pending, 1));
                 room = window > s.outstanding ? window - s.outstanding : 0;
-                if (room == 0 || clock::now() < s.paused_until) {
-                    // The window is full (the server would send nothing) or a commit failed:
+                // Completions free the window one message at a time: fetching as soon as one
+                // is free would cost a round trip per message. Wait for half a fetch's worth
+                // (a commit frees a whole batch at once, so this rarely waits long).
+                const auto enough = std::max<std::size_t>(1, std::min(s.o.fetch_batch, window) / 2);
+                if (room < enough || clock::now() < s.paused_until) {
+                    // The window is (nearly) full or a commit failed:
                     // wait for completions, waking to keep held messages in progress.
                     s.changed.wait_for(lock, std::chrono::milliseconds(50));
                     lock.unlock();
