@@ -12,7 +12,7 @@
 //             jetstream_source_ready is true)
 //
 //   jetstream_bench [--messages N] [--aggregates A] [--quick] [--only bare|textbook|idem]
-//                   [--max-ack-pending P] [--fetch-batch B] [--runs R] [--seed S] [--dir D]
+//                   [--max-ack-pending P] [--fetch-batch B] [--idem-max-delay-us U] [--runs R] [--seed S] [--dir D]
 //
 // The bench starts its own nats-server (random port, store in its temporary directory) and
 // publishes the workload once: bench/workload.hpp's order lines, 10% of them copies of earlier
@@ -60,12 +60,13 @@ extern char** environ;
     std::fprintf(stderr,
                  "jetstream_bench: %s\n"
                  "usage: jetstream_bench [--messages N] [--aggregates A] [--quick] [--only bare|textbook|idem]\n"
-                 "                       [--max-ack-pending P] [--fetch-batch B] [--runs R] [--seed S] [--dir D]\n"
+                 "                       [--max-ack-pending P] [--fetch-batch B] [--idem-max-delay-us U] [--runs R] [--seed S] [--dir D]\n"
                  "  --messages N         messages in the stream (default 1,000,000; --quick 50,000)\n"
                  "  --aggregates A       orders (default 100,000; --quick 5,000)\n"
                  "  --only NAME          run one contender\n"
                  "  --max-ack-pending P  each consumer's MaxAckPending (default 4096)\n"
                  "  --fetch-batch B      messages per fetch at most (default 500)\n"
+                 "  --idem-max-delay-us U  idem's engine max_delay: a busy writer waits up to U us to fill a batch (default 0)\n"
                  "  --runs R             run the contenders R times, interleaved; the table shows each one's\n"
                  "                       median run (default 1)\n"
                  "  --dir D              where the server's store and the contenders' stores go\n"
@@ -92,6 +93,7 @@ struct bench_options {
     std::string only{};
     std::int64_t max_ack_pending = 4096;
     int fetch_batch = 500;
+    std::int64_t idem_max_delay_us = 0;
     std::uint64_t seed = 42;
     std::size_t runs = 1;
     std::filesystem::path dir{};
@@ -123,6 +125,8 @@ bench_options parse_args(int argc, char** argv) {
             o.max_ack_pending = parse_number<std::int64_t>(arg, value);
         } else if (arg == "--fetch-batch") {
             o.fetch_batch = parse_number<int>(arg, value);
+        } else if (arg == "--idem-max-delay-us") {
+            o.idem_max_delay_us = parse_number<std::int64_t>(arg, value);
         } else if (arg == "--runs") {
             o.runs = parse_number<std::size_t>(arg, value);
             if (o.runs == 0) usage("--runs must be positive");
@@ -857,6 +861,7 @@ int run(const bench_options& o, const std::filesystem::path& base) {
                                  .stream_messages = pub.stored,
                                  .max_ack_pending = o.max_ack_pending,
                                  .fetch_batch = o.fetch_batch,
+                                 .idem_max_delay = std::chrono::microseconds(o.idem_max_delay_us),
                                  .dir = base / name};
     };
     struct contender {

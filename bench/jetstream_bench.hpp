@@ -26,6 +26,7 @@ struct contender_context {
     std::int64_t max_ack_pending = 0;
     int fetch_batch = 0;
     std::chrono::seconds ack_wait{30};
+    std::chrono::microseconds idem_max_delay{0};  ///< idem's engine_options::max_delay (0: commit at once)
     std::filesystem::path dir;  ///< an empty directory for the contender's store
 };
 

@@ -46,6 +46,7 @@ idem::engine_options engine_options_for(const contender_context& c, const idem::
     eo.store.retention.source = src.bound();
     // The whole MaxAckPending window may be in the engine at once (notes §7, backpressure).
     eo.max_in_flight = std::max<std::size_t>(eo.max_in_flight, static_cast<std::size_t>(c.max_ack_pending));
+    eo.max_delay = c.idem_max_delay;
     return eo;
 }
 

@@ -30,7 +30,12 @@ struct pending_apply {
     engine::executor_type ex;
     clock::time_point submitted;
     std::optional<checkpoint> at;  // the source position it was read at
+    std::size_t bytes = 0;         // the delivery's body size
 };
+
+// A prepared item keeps the capacity of the largest delivery it held: one that held a large
+// one is freed rather than kept in the pool.
+constexpr std::size_t pooled_bytes_max = 64 * 1024;
 
 // A flush or stop request: completes when everything queued before it is durable.
 struct pending_marker {
@@ -108,7 +113,18 @@ struct engine::impl {
     sample_window ack_times;
     sample_window prune_times;
 
+    // Prepared deliveries the writer is done with, kept for the next submissions: each holds
+    // one parsed item whose strings and vectors keep their capacity, so preparing a delivery
+    // into it allocates little, and nothing is freed on a thread other than the one that
+    // allocated it (a submitter's item comes back to a submitter). Under pool_m.
+    std::mutex pool_m;
+    std::vector<prepared_batch> spare;
+    prepared_batch bodies;  // writer-only: the batch being applied, its capacity kept
+
     std::thread writer;
+
+    prepared_batch take_spare();
+    void give_back(std::vector<pending_apply>& batch);
 
     void run();
     bool prune();  // one step; returns whether more has expired
@@ -127,9 +143,6 @@ struct completion {
     apply_handler handler;
     std::error_code ec;
     outcome o;
-    // The prepared delivery goes along: it is freed on the thread that prepared it (memory
-    // freed on another thread than the one that allocated it costs glibc's malloc a lock).
-    prepared_batch body;
 };
 
 // Move-only, so that Asio does not take the handler for a copyable one (a vector of
@@ -169,7 +182,7 @@ void post_group(engine::executor_type ex, completion_group group) {
 // One completion on its own (a submission refused before it reached the writer).
 void post_apply(pending_apply& p, std::error_code ec, outcome o) {
     completion_group group;
-    group.items.push_back(completion{std::move(p.handler), ec, std::move(o), std::move(p.body)});
+    group.items.push_back(completion{std::move(p.handler), ec, std::move(o)});
     post_group(std::move(p.ex), std::move(group));
 }
 
@@ -219,7 +232,7 @@ void engine::submit(delivery d, apply_handler handler, executor_type ex, std::op
     auto submitted = clock::now();
     // Parsing, payload decoding and key functions run here, on the submitter's thread, so
     // the writer's time per delivery is only what needs its transaction.
-    pending_apply p{prepared_batch{}, std::move(handler), std::move(ex), submitted, std::move(at)};
+    pending_apply p{impl_->take_spare(), std::move(handler), std::move(ex), submitted, std::move(at), d.body.size()};
     try {
         impl_->st->prepare(std::span<const delivery>(&d, 1), p.body);
     } catch (const std::bad_alloc&) {
@@ -259,6 +272,23 @@ void engine::flush(marker_handler handler, executor_type ex, bool stop) {
     if (stop) impl_->stopping = true;
     (impl_->waiting.empty() ? impl_->queue : impl_->waiting).emplace_back(std::move(marker));
     impl_->cv.notify_one();
+}
+
+prepared_batch engine::impl::take_spare() {
+    std::scoped_lock lock{pool_m};
+    if (spare.empty()) return prepared_batch{};
+    auto b = std::move(spare.back());
+    spare.pop_back();
+    return b;
+}
+
+void engine::impl::give_back(std::vector<pending_apply>& batch) {
+    // At most as many as may be in flight at once: the pool never outgrows the engine's window.
+    std::scoped_lock lock{pool_m};
+    for (auto& p : batch) {
+        if (spare.size() >= options.max_in_flight) break;
+        if (p.bytes <= pooled_bytes_max) spare.push_back(std::move(p.body));
+    }
 }
 
 void engine::impl::admit() {
@@ -354,7 +384,8 @@ bool engine::impl::prune() {
 
 void engine::impl::commit(std::vector<pending_apply>& batch) {
     auto started_at = clock::now();
-    prepared_batch bodies;
+    bodies.clear();
+    bodies.reserve(batch.size());
     std::vector<checkpoint> positions;  // one per source
     for (auto& p : batch) {
         bodies.append(std::move(p.body));
@@ -405,10 +436,12 @@ void engine::impl::commit(std::vector<pending_apply>& batch) {
         }
     }
 
-    for (std::size_t i = 0; i < batch.size(); ++i) {  // each delivery goes back to its submission
+    for (std::size_t i = 0; i < batch.size(); ++i) {  // each item goes back to its holder, for the pool
         batch[i].body.clear();
         batch[i].body.take(bodies, i);
     }
+    bodies.clear();
+    give_back(batch);
     std::vector<std::pair<pending_apply, outcome>> ready;
     ready.reserve(batch.size());
     for (std::size_t i = 0; i < batch.size(); ++i) {
@@ -460,7 +493,7 @@ void engine::impl::release(std::vector<std::pair<pending_apply, outcome>>& ready
             group_ex = std::move(p.ex);
             group.items.reserve(ready.size());
         }
-        group.items.push_back(completion{std::move(p.handler), ec, std::move(o), std::move(p.body)});
+        group.items.push_back(completion{std::move(p.handler), ec, std::move(o)});
     }
     if (group_ex) post_group(std::move(*group_ex), std::move(group));
 }

@@ -20,7 +20,7 @@ prepared_batch::prepared_batch(prepared_batch&&) noexcept = default;
 prepared_batch& prepared_batch::operator=(prepared_batch&&) noexcept = default;
 std::size_t prepared_batch::size() const noexcept { return items_.size(); }
 void prepared_batch::append(prepared_batch&& other) {
-    if (items_.empty()) {
+    if (items_.empty() && items_.capacity() < other.items_.size()) {
         items_.swap(other.items_);
         return;
     }
@@ -29,6 +29,7 @@ void prepared_batch::append(prepared_batch&& other) {
 }
 void prepared_batch::take(prepared_batch& other, std::size_t i) { items_.push_back(std::move(other.items_.at(i))); }
 void prepared_batch::clear() noexcept { items_.clear(); }
+void prepared_batch::reserve(std::size_t n) { items_.reserve(n); }
 
 namespace detail {
 

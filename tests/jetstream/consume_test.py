@@ -277,7 +277,9 @@ class settings_test(consume_case):
         variants = {"ack-sync": ["--ack-sync"],
                     "window below the batch": ["--max-ack-pending", 7, "--fetch-batch", 256],
                     "one message a fetch": ["--fetch-batch", 1, "--max-ack-pending", 3],
-                    "backoff": ["--backoff", "1s,2s", "--max-deliver", 4]}
+                    "backoff": ["--backoff", "1s,2s", "--max-deliver", 4],
+                    "small commits": ["--max-batch", 16],
+                    "commits gathered for a while": ["--max-batch", 100000, "--max-delay", "20ms"]}
         for i, (name, extra) in enumerate(variants.items()):
             with self.subTest(name):
                 db, consumer = self.path(f"db{i}"), f"v{i}"
@@ -405,6 +407,23 @@ class consumer_kill_test(consume_case):
         _, q = self.consume(self.path("db"), "ORD", "c1", *settings, check=False, timeout=120)
         self.assertEqual(q.returncode, 2, q.stderr)
         self.assertRegex(q.stderr, r"stream 'ORD' sequence \d+ reached MaxDeliver 1 without a committed outcome")
+        record = os.path.join(self.path("db"), "jetstream-exhausted.nats_ORD_c1")
+        self.assertTrue(os.path.exists(record))
+        # The next run does not go on as if nothing happened: it refuses, naming the record and the way out.
+        _, again = self.consume(self.path("db"), "ORD", "c1", *settings, check=False, timeout=120)
+        self.assertEqual(again.returncode, 2, again.stderr)
+        self.assertIn("reached MaxDeliver without a committed outcome", again.stderr)
+        self.assertIn(record, again.stderr)
+        self.assertRegex(again.stderr, r"sequence \d+ reached MaxDeliver 1")
+        self.assertIn("--accept-exhausted", again.stderr)
+        # Accepted once: the run goes on to the end, the record is gone, and later runs start as usual.
+        r, accepted = self.consume(self.path("db"), "ORD", "c1", *settings, "--accept-exhausted", check=False,
+                                   timeout=120)
+        self.assertEqual(accepted.returncode, 0, accepted.stderr)
+        self.assertFalse(os.path.exists(record))
+        self.assertEqual(r["last_sequence"], self.ns.stream_info("ORD")["last_seq"], r)
+        r, later = self.consume(self.path("db"), "ORD", "c1", *settings, check=False, timeout=120)
+        self.assertEqual(later.returncode, 0, later.stderr)
 
 
 class broker_kill_test(consume_case):

@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <atomic>
 #include <chrono>
 #include <fstream>
@@ -269,6 +270,22 @@ TEST_CASE("a commit that keeps failing is nak'd until MaxDeliver, then the run s
         CHECK(std::string(err.what()).find("stream 'ORD' sequence") != std::string::npos);
         CHECK(std::string(err.what()).find("MaxDeliver 3") != std::string::npos);
     }
+    // The stop is recorded beside the store, and a later run refuses to start until accepted.
+    const auto record =
+        idem::jetstream::exhausted_record(dir.path() / "db", idem::jetstream::checkpoint_source("ORD", so.consumer));
+    CHECK(std::filesystem::exists(record));
+    {
+        idem::jetstream::source again{so};
+        try {
+            again.run(e);
+            FAIL("a run started although the last one stopped on an exhausted message");
+        } catch (const std::system_error& err) {
+            CHECK(err.code() == idem::errc::delivery_exhausted);
+            CHECK(std::string(err.what()).find(record.string()) != std::string::npos);
+            CHECK(std::string(err.what()).find("--accept-exhausted") != std::string::npos);
+        }
+    }
+    CHECK(std::filesystem::exists(record));
     e.async_stop(asio::use_future).get();
     CHECK(acks == 0);
     CHECK(naks >= 3);

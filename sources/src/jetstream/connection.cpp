@@ -1,5 +1,7 @@
 #include "connection.hpp"
 
+#include <idem/sources/jetstream.hpp>
+
 #include <idem/storage/error.hpp>
 
 #include <thread>
@@ -130,3 +132,11 @@ consumer_info_ptr consumer_info(const connection& c, const std::string& stream, 
 }
 
 }  // namespace idem::jetstream::detail
+
+namespace idem::jetstream {
+
+bool close_nats_library(std::chrono::milliseconds timeout) noexcept {
+    return nats_CloseAndWait(timeout.count()) == NATS_OK;
+}
+
+}  // namespace idem::jetstream

@@ -3,7 +3,8 @@
 // A connection to NATS with its JetStream context, owned: the one place that turns cnats
 // status codes into idem errors and a `--nats` server list into cnats options. The JetStream
 // source and the publisher both use it; neither calls nats_Close (an embedding application
-// may use cnats itself).
+// may use cnats itself): the application does, through close_nats_library() (the CLI does
+// at the end of its NATS commands).
 
 #include <nats/nats.h>
 

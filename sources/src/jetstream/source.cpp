@@ -14,9 +14,15 @@
 #include <idem/storage/envelope.hpp>
 #include <idem/storage/error.hpp>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <condition_variable>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
@@ -59,7 +65,37 @@ std::uint64_t advisory_sequence(std::string_view body) {
     return v;
 }
 
+// Appends text and a newline to path and syncs it: the record outlives a crash right after.
+void append_synced(const std::filesystem::path& path, const std::string& text) {
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0) throw std::system_error(errno, std::generic_category(), "writing " + path.string());
+    const std::string line = text + "\n";
+    std::size_t done = 0;
+    int err = 0;
+    while (done < line.size()) {
+        auto n = ::write(fd, line.data() + done, line.size() - done);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            err = errno;
+            break;
+        }
+        done += static_cast<std::size_t>(n);
+    }
+    if (err == 0 && ::fsync(fd) != 0) err = errno;
+    ::close(fd);
+    if (err != 0) throw std::system_error(err, std::generic_category(), "writing " + path.string());
+}
+
 }  // namespace
+
+std::filesystem::path exhausted_record(const std::filesystem::path& store, const std::string& checkpoint_source) {
+    std::string name = "jetstream-exhausted.";
+    for (char c : checkpoint_source) {
+        const bool plain = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_';
+        name += plain ? c : '_';
+    }
+    return store / name;
+}
 
 std::vector<std::string> split_servers(std::string_view list) { return detail::split_servers(list); }
 
@@ -91,6 +127,7 @@ struct source::impl {
     std::error_code fatal;
     std::string fatal_text;
     clock::time_point paused_until{};  // after a failed commit: wait before fetching more
+    clock::time_point next_touch_due{};  // no held message needs an in-progress ack before this
     std::vector<std::uint64_t> exhausted;  // sequences the server will not deliver again (advisories)
     source_result result;
 
@@ -187,13 +224,23 @@ void source::impl::complete(std::uint64_t token, std::error_code ec, const outco
 
 void source::impl::touch_old_messages(clock::time_point now) {
     std::scoped_lock lock{m};
+    // Messages are held far shorter than half an ack wait as a rule: a pass over the whole
+    // window (MaxAckPending entries) runs only once one may be due, not every wake-up.
+    if (now < next_touch_due) return;
+    auto due = clock::time_point::max();
     for (auto& [token, h] : in_flight) {
-        auto wait = cc.wait_after(static_cast<std::int64_t>(h.delivered));
-        if (now - h.touched > wait / 2) {
+        auto half = cc.wait_after(static_cast<std::int64_t>(h.delivered)) / 2;
+        if (now - h.touched > half) {
             natsMsg_InProgress(h.msg, nullptr);
             h.touched = now;
         }
+        due = std::min(due, h.touched + std::chrono::duration_cast<clock::duration>(half));
     }
+    // A message fetched from now on is due no earlier than the shortest wait allows.
+    auto shortest = cc.ack_wait;
+    if (!cc.backoff.empty()) shortest = *std::min_element(cc.backoff.begin(), cc.backoff.end());
+    const auto fresh = now + std::chrono::duration_cast<clock::duration>(shortest / 2);
+    next_touch_due = std::min(due, fresh);
 }
 
 void source::impl::on_advisory(natsConnection*, natsSubscription*, natsMsg* msg, void* closure) {
@@ -289,6 +336,24 @@ source_result source::run(engine& e) {
                         s.o.stream + "', " + s.bound.what +
                         ": a redelivery after its id was pruned would be applied again");
     }
+    // A message an earlier run could not commit on its last delivery is not delivered again:
+    // the run that saw it stopped and left a record, and no later run goes on as if nothing
+    // happened until the operator says the messages were handled.
+    const auto record = exhausted_record(e.options().store.path, s.source_name);
+    if (std::filesystem::exists(record)) {
+        std::ifstream in{record};
+        std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+        while (!text.empty() && text.back() == '\n') text.pop_back();
+        if (!s.o.accept_exhausted) {
+            throw_error(errc::delivery_exhausted,
+                        "an earlier run of consumer '" + s.o.consumer + "' of stream '" + s.o.stream +
+                            "' stopped because messages reached MaxDeliver without a committed outcome (recorded in " +
+                            record.string() + "): " + text +
+                            "; publish them again (or decide to go without them), then start once with "
+                            "--accept-exhausted");
+        }
+        std::filesystem::remove(record);
+    }
     auto now = detail::read_stream(*s.conn, s.o.stream);
     s.detail = detail::checkpoint_detail(now);
     std::uint64_t position = 0;
@@ -329,6 +394,21 @@ source_result source::run(engine& e) {
     const std::string advisory = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES." + s.o.stream + "." + s.o.consumer;
     natsConnection_Subscribe(&advisories, s.conn->nc(), advisory.c_str(), &impl::on_advisory, &s);
 
+    auto record_exhausted = [&](const std::filesystem::path& path) {
+        std::string text;
+        {
+            std::scoped_lock lock{s.m};
+            if (s.fatal != errc::delivery_exhausted) return;
+            text = s.fatal_text;
+        }
+        try {
+            append_synced(path, text);
+        } catch (const std::system_error& err) {
+            std::scoped_lock lock{s.m};
+            s.fatal_text += " (and it could not be recorded: " + std::string(err.what()) + ")";
+        }
+    };
+
     std::uint64_t submitted = 0;
     auto finish = [&] {
         // Everything handed out is acked or nak'd before the subscription goes (a message
@@ -361,8 +441,12 @@ source_result source::run(engine& e) {
                 if (s.stopping()) break;
                 auto window = static_cast<std::size_t>(std::max<std::int64_t>(s.cc.max_ack_pending, 1));
                 room = window > s.outstanding ? window - s.outstanding : 0;
-                if (room == 0 || clock::now() < s.paused_until) {
-                    // The window is full (the server would send nothing) or a commit failed:
+                // Completions free the window one message at a time: fetching as soon as one
+                // is free would cost a round trip per message. Wait for half a fetch's worth
+                // (a commit frees a whole batch at once, so this rarely waits long).
+                const auto enough = std::max<std::size_t>(1, std::min(s.o.fetch_batch, window) / 2);
+                if (room < enough || clock::now() < s.paused_until) {
+                    // The window is (nearly) full or a commit failed:
                     // wait for completions, waking to keep held messages in progress.
                     s.changed.wait_for(lock, std::chrono::milliseconds(50));
                     lock.unlock();
@@ -440,10 +524,12 @@ source_result source::run(engine& e) {
         }
     } catch (...) {
         finish();
+        record_exhausted(record);
         throw;
     }
     finish();
     s.check_exhausted(e);
+    record_exhausted(record);
     std::scoped_lock lock{s.m};
     if (s.fatal) throw std::system_error(s.fatal, s.fatal_text);
     s.result.disconnects = s.conn->events().disconnects.load();

@@ -115,6 +115,14 @@ std::vector<option> jetstream_consume_options() {
         {"accept-stream-reset", "",
          "with --nats: resume although the stream went back behind the checkpoint (purged, recreated) instead "
          "of stopping with exit 2"},
+        {"max-batch", "N",
+         "with --nats: deliveries committed in one transaction at most (default 4096)"},
+        {"max-delay", "D",
+         "with --nats: how long a busy writer waits for --max-batch deliveries to gather before it commits "
+         "what it has (default 0: commit at once; an idle writer never waits)"},
+        {"accept-exhausted", "",
+         "with --nats: start although an earlier run stopped because messages reached MaxDeliver without a "
+         "committed outcome (published again, or given up); without it such a store is refused with exit 2"},
         {"until-caught-up", "",
          "with --nats: stop once everything up to the stream's last sequence at the start is acked; with "
          "--partitions, once every partition has an owner whose checkpoint reached that partition's last sequence "
@@ -150,12 +158,30 @@ void fill_source_options(const arguments& a, jetstream::source_options& so) {
     if (a.get("fetch-batch")) so.fetch_batch = static_cast<std::size_t>(a.positive("fetch-batch", 1));
     so.ack_sync = a.flag("ack-sync");
     so.accept_stream_reset = a.flag("accept-stream-reset");
+    so.accept_exhausted = a.flag("accept-exhausted");
     so.until_caught_up = a.flag("until-caught-up");
     so.stop = &stop_requested;
 }
 
+namespace {
+
+int consume_one(const tool_context& t, const arguments& a);
+
+}  // namespace
+
 int consume_jetstream(const tool_context& t, const arguments& a) {
+    // Once every connection is closed and destroyed (the command's locals are gone), the
+    // NATS library's own threads are joined and its memory freed before the process exits.
+    struct nats_library {
+        ~nats_library() { jetstream::close_nats_library(); }
+    } close_at_end;
     if (a.get("partitions")) return consume_partitioned(t, a);
+    return consume_one(t, a);
+}
+
+namespace {
+
+int consume_one(const tool_context& t, const arguments& a) {
     for (const char* name : {"instance", "lease-ttl"}) {
         if (a.get(name)) throw usage_error("option '--" + std::string(name) + "' needs --partitions");
     }
@@ -183,6 +209,11 @@ int consume_jetstream(const tool_context& t, const arguments& a) {
     eo.store.retention.clock = retention_clock::wall;  // a broker redelivers in wall time
     eo.store.retention.source = src.bound();            // a shorter inbox retention is refused
     eo.max_in_flight = std::max<std::size_t>(eo.max_in_flight, 2 * so.fetch_batch);
+    // A commit holds --max-batch deliveries at most, or what gathered within --max-delay.
+    if (a.get("max-batch")) eo.max_batch = static_cast<std::size_t>(a.positive("max-batch", 1));
+    if (auto d = duration_option(a, "max-delay")) {
+        eo.max_delay = std::chrono::duration_cast<std::chrono::microseconds>(*d);
+    }
 
     boost::asio::io_context io;
     auto work = boost::asio::make_work_guard(io);
@@ -209,5 +240,7 @@ int consume_jetstream(const tool_context& t, const arguments& a) {
     print(result_json(r, src.bound()));
     return 0;
 }
+
+}  // namespace
 
 }  // namespace idem::cli::detail

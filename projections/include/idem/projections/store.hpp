@@ -359,6 +359,8 @@ public:
     void take(prepared_batch& other, std::size_t i);
     /// Empties the batch, keeping its memory.
     void clear() noexcept;
+    /// Makes room for n deliveries, so that appending up to n moves each item once.
+    void reserve(std::size_t n);
 
     struct item;  ///< opaque: one delivery, parsed, its payload decoded per projection
 

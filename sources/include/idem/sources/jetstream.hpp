@@ -28,6 +28,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -83,6 +84,10 @@ struct source_options {
     /// Resume although the stream went back behind the checkpoint (purged, deleted and
     /// recreated): the stream is taken as it is now and the checkpoint follows it.
     bool accept_stream_reset = false;
+    /// Start although an earlier run stopped with errc::delivery_exhausted: the messages it
+    /// named are taken as handled (published again, or given up), and its record is removed.
+    /// Without it, run() refuses to start while that record is in the store's directory.
+    bool accept_exhausted = false;
     /// Stop once the checkpoint has reached the stream's last sequence as it was when run() began.
     bool until_caught_up = false;
     const std::atomic<bool>* stop = nullptr;  ///< checked between fetches: stops after the batch in hand, acked
@@ -120,7 +125,9 @@ public:
     /// Fetches and applies until stop, until caught up, or a fatal error. Refuses an engine whose
     /// inbox retention is shorter than bound(); stops with errc::stream_changed when the stream
     /// went back behind the stored checkpoint (unless accept_stream_reset), and with
-    /// errc::delivery_exhausted when a message reached max_deliver without a committed outcome.
+    /// errc::delivery_exhausted when a message reached max_deliver without a committed outcome;
+    /// then it records the messages in the store's directory (exhausted_record()), and later
+    /// runs refuse to start with errc::delivery_exhausted until accept_exhausted is set.
     /// Everything handed to the engine is acked (or nak'd) before it returns.
     source_result run(engine& e);
 
@@ -134,6 +141,16 @@ private:
 
 /// Splits a server list "URL[,URL...]" into its URLs; throws errc::invalid_argument for an empty entry.
 std::vector<std::string> split_servers(std::string_view list);
+
+/// Closes the NATS client library (cnats' nats_CloseAndWait): its threads are joined and its
+/// memory freed, waiting at most timeout. For an application that is done with NATS, after
+/// every source and publisher is destroyed (the library never calls it itself: an embedding
+/// application may use cnats on its own). Returns false if it timed out or was not open.
+bool close_nats_library(std::chrono::milliseconds timeout = std::chrono::seconds(5)) noexcept;
+
+/// The file in a store's directory where run() records messages that reached MaxDeliver
+/// without a committed outcome: "jetstream-exhausted.<checkpoint source, made a file name>".
+std::filesystem::path exhausted_record(const std::filesystem::path& store, const std::string& checkpoint_source);
 
 /// The checkpoint source name of a stream's consumer: "nats:<stream>/<consumer>".
 std::string checkpoint_source(const std::string& stream, const std::string& consumer);
