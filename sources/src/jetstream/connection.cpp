@@ -21,7 +21,9 @@ void on_reconnected(natsConnection*, void* closure) {
     static_cast<connection_events*>(closure)->reconnects.fetch_add(1, std::memory_order_relaxed);
 }
 void on_closed(natsConnection*, void* closure) {
-    static_cast<connection_events*>(closure)->closed.store(true, std::memory_order_relaxed);
+    // release: the destructor's acquire load of `closed` orders this callback's last touch of
+    // the events before their deletion.
+    static_cast<connection_events*>(closure)->closed.store(true, std::memory_order_release);
 }
 void on_error(natsConnection*, natsSubscription*, natsStatus, void* closure) {
     static_cast<connection_events*>(closure)->async_errors.fetch_add(1, std::memory_order_relaxed);
@@ -96,9 +98,11 @@ connection::~connection() {
         // cnats runs the closed callback later, on its own thread, and it writes into events_:
         // wait for it before events_ goes.
         const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-        while (!events_->closed.load() && std::chrono::steady_clock::now() < deadline) {
+        while (!events_->closed.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < deadline) {
             std::this_thread::sleep_for(std::chrono::milliseconds(1));
         }
+        // A callback that never came may still come: its few bytes are left, never freed under it.
+        if (!events_->closed.load(std::memory_order_acquire)) (void)events_.release();
         natsConnection_Destroy(nc_);
     }
     if (opts_ != nullptr) natsOptions_Destroy(opts_);
