@@ -2,6 +2,7 @@
 // acked after the commit that recorded it is durable. Ctrl-C or SIGTERM stops after the
 // messages in hand are committed and acked.
 
+#include "audit_file.hpp"
 #include "commands.hpp"
 #include "interrupt.hpp"
 #include "json_writer.hpp"
@@ -16,9 +17,6 @@
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/use_future.hpp>
-
-#include <fcntl.h>
-#include <unistd.h>
 
 #include <cstdio>
 #include <thread>
@@ -43,38 +41,21 @@ std::vector<std::chrono::nanoseconds> durations_option(const arguments& a, std::
     return out;
 }
 
-// --ack-log: one JSON line per ack or nak as it leaves, written with write(2) so that the
-// lines of a process killed at any moment are on disk (an audit of ack-after-commit).
-class ack_log {
-public:
-    explicit ack_log(const std::string& path) : fd_(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644)) {
-        if (fd_ < 0) throw std::system_error(errno, std::system_category(), "option '--ack-log': " + path);
-    }
-    ~ack_log() { ::close(fd_); }
-    ack_log(const ack_log&) = delete;
-    ack_log& operator=(const ack_log&) = delete;
-
-    void write(const jetstream::ack_event& ev, std::uint64_t durable) {
-        std::string line;
-        json_writer w{line};
-        w.begin_object()
-            .field("seq", ev.stream_sequence)
-            .field("delivered", ev.delivered)
-            .field("msgid", ev.message_id)
-            .field("acked", ev.acked)
-            .field("outcome", ev.acked ? std::string(to_string(ev.result.kind)) : std::string("error"))
-            .field("commit", ev.result.commit)
-            .field("durable", durable);
-        w.end_object();
-        line += '\n';
-        std::scoped_lock lock{m_};
-        (void)!::write(fd_, line.data(), line.size());
-    }
-
-private:
-    int fd_;
-    std::mutex m_;
-};
+// --ack-log: one JSON line per ack or nak as it leaves (an audit of ack-after-commit).
+void write_ack(audit_file& audit, const jetstream::ack_event& ev, std::uint64_t durable) {
+    std::string line;
+    json_writer w{line};
+    w.begin_object()
+        .field("seq", ev.stream_sequence)
+        .field("delivered", ev.delivered)
+        .field("msgid", ev.message_id)
+        .field("acked", ev.acked)
+        .field("outcome", ev.acked ? std::string(to_string(ev.result.kind)) : std::string("error"))
+        .field("commit", ev.result.commit)
+        .field("durable", durable);
+    w.end_object();
+    audit.write_line(std::move(line));
+}
 
 std::string result_json(const jetstream::source_result& r, const redelivery_bound& bound) {
     std::string out;
@@ -192,10 +173,10 @@ int consume_one(const tool_context& t, const arguments& a) {
         if (replica->empty()) throw usage_error("option '--replica': the name is empty");
         so.consumer += "-replica-" + *replica;
     }
-    std::optional<ack_log> audit;
-    if (auto p = a.get("ack-log")) audit.emplace(*p);
+    std::optional<audit_file> audit;
+    if (auto p = a.get("ack-log")) audit.emplace(*p, "ack-log");
     engine* applying = nullptr;  // set once the engine exists, before anything is acked
-    if (audit) so.on_ack = [&](const jetstream::ack_event& ev) { audit->write(ev, applying->durable_commit()); };
+    if (audit) so.on_ack = [&](const jetstream::ack_event& ev) { write_ack(*audit, ev, applying->durable_commit()); };
     stop_signals signals;
 
     jetstream::source src{so};

@@ -1,6 +1,7 @@
 // `consume --nats --partitions N`: one instance of a partitioned group (leases in NATS KV, one
 // environment per owned partition under --db), and `owners`: who holds which partition.
 
+#include "audit_file.hpp"
 #include "commands.hpp"
 #include "interrupt.hpp"
 #include "json_writer.hpp"
@@ -10,12 +11,8 @@
 #include <idem/sources/jetstream_partitions.hpp>
 #include <idem/sources/jetstream_publish.hpp>
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <chrono>
 #include <cstdio>
-#include <mutex>
 
 namespace idem::cli::detail {
 
@@ -28,52 +25,33 @@ std::uint64_t wall_ns() {
 }
 
 // --ack-log in partitioned mode: one JSON line per ack or nak and per lease taken or lost, with
-// the partition and the wall time, written with write(2) so that a killed process leaves them.
-class group_log {
-public:
-    explicit group_log(const std::string& path)
-        : fd_(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644)) {
-        if (fd_ < 0) throw std::system_error(errno, std::system_category(), "option '--ack-log': " + path);
-    }
-    ~group_log() { ::close(fd_); }
-    group_log(const group_log&) = delete;
-    group_log& operator=(const group_log&) = delete;
+// the partition and the wall time.
+void write_ack(audit_file& audit, std::uint32_t k, const jetstream::ack_event& ev) {
+    std::string line;
+    json_writer w{line};
+    w.begin_object()
+        .field("partition", std::uint64_t{k})
+        .field("seq", ev.stream_sequence)
+        .field("msgid", ev.message_id)
+        .field("acked", ev.acked)
+        .field("outcome", ev.acked ? std::string(to_string(ev.result.kind)) : std::string("error"))
+        .field("time_ns", wall_ns());
+    w.end_object();
+    audit.write_line(std::move(line));
+}
 
-    void ack(std::uint32_t k, const jetstream::ack_event& ev) {
-        std::string line;
-        json_writer w{line};
-        w.begin_object()
-            .field("partition", std::uint64_t{k})
-            .field("seq", ev.stream_sequence)
-            .field("msgid", ev.message_id)
-            .field("acked", ev.acked)
-            .field("outcome", ev.acked ? std::string(to_string(ev.result.kind)) : std::string("error"))
-            .field("time_ns", wall_ns());
-        w.end_object();
-        write(line);
-    }
-    void lease(std::uint32_t k, bool owned, std::uint64_t revision, std::string_view why) {
-        std::string line;
-        json_writer w{line};
-        w.begin_object()
-            .field("partition", std::uint64_t{k})
-            .field("lease", owned ? "taken" : "ended")
-            .field("revision", revision)
-            .field("why", why)
-            .field("time_ns", wall_ns());
-        w.end_object();
-        write(line);
-    }
-
-private:
-    void write(std::string& line) {
-        line += '\n';
-        std::scoped_lock lock{m_};
-        (void)!::write(fd_, line.data(), line.size());
-    }
-    int fd_;
-    std::mutex m_;
-};
+void write_lease(audit_file& audit, std::uint32_t k, bool owned, std::uint64_t revision, std::string_view why) {
+    std::string line;
+    json_writer w{line};
+    w.begin_object()
+        .field("partition", std::uint64_t{k})
+        .field("lease", owned ? "taken" : "ended")
+        .field("revision", revision)
+        .field("why", why)
+        .field("time_ns", wall_ns());
+    w.end_object();
+    audit.write_line(std::move(line));
+}
 
 // A name that stays the same when the same --db is started again on the same host, so a
 // restarted instance finds its own leases.
@@ -161,12 +139,12 @@ int consume_partitioned(const tool_context& t, const arguments& a) {
     po.engine.store.retention.clock = retention_clock::wall;
     po.engine.max_in_flight = std::max<std::size_t>(po.engine.max_in_flight, 2 * po.source.fetch_batch);
     po.add_projections = t.setup;
-    std::optional<group_log> audit;
-    if (auto p = a.get("ack-log")) audit.emplace(*p);
+    std::optional<audit_file> audit;
+    if (auto p = a.get("ack-log")) audit.emplace(*p, "ack-log");
     if (audit) {
-        po.on_ack = [&](std::uint32_t k, const jetstream::ack_event& ev) { audit->ack(k, ev); };
+        po.on_ack = [&](std::uint32_t k, const jetstream::ack_event& ev) { write_ack(*audit, k, ev); };
         po.on_lease = [&](std::uint32_t k, bool owned, std::uint64_t rev, std::string_view why) {
-            audit->lease(k, owned, rev, why);
+            write_lease(*audit, k, owned, rev, why);
         };
     }
     stop_signals signals;
