@@ -7,6 +7,7 @@
 #include "interrupt.hpp"
 #include "json_writer.hpp"
 #include "log_run.hpp"
+#include "nats_library.hpp"
 #include "options.hpp"
 #include "text.hpp"
 
@@ -151,11 +152,7 @@ int consume_one(const tool_context& t, const arguments& a);
 }  // namespace
 
 int consume_jetstream(const tool_context& t, const arguments& a) {
-    // Once every connection is closed and destroyed (the command's locals are gone), the
-    // NATS library's own threads are joined and its memory freed before the process exits.
-    struct nats_library {
-        ~nats_library() { jetstream::close_nats_library(); }
-    } close_at_end;
+    nats_library_scope nats;
     if (a.get("partitions")) return consume_partitioned(t, a);
     return consume_one(t, a);
 }

@@ -5,6 +5,7 @@
 #include "commands.hpp"
 #include "interrupt.hpp"
 #include "json_writer.hpp"
+#include "nats_library.hpp"
 #include "options.hpp"
 #include "text.hpp"
 
@@ -97,6 +98,7 @@ int key_owners(const arguments& a, const std::vector<jetstream::lease_owner>& li
 }
 
 int owners(const arguments& a) {
+    nats_library_scope nats;
     auto list = jetstream::read_owners(jetstream::split_servers(a.required("nats")), a.required("consumer"));
     if (!a.all("key").empty()) return key_owners(a, list);
     if (a.get("partitions")) throw usage_error("option '--partitions' goes with --key");

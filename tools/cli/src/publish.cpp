@@ -3,6 +3,7 @@
 
 #include "commands.hpp"
 #include "json_writer.hpp"
+#include "nats_library.hpp"
 #include "options.hpp"
 #include "text.hpp"
 
@@ -105,6 +106,7 @@ void print_summary(const arguments& a, const jetstream::publish_options& o, cons
 }
 
 int publish(const arguments& a) {
+    nats_library_scope nats;
     auto o = options_from(a);
     auto r = jetstream::publish(o);
     print_summary(a, o, r);
