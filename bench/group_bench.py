@@ -16,6 +16,7 @@ usage: group_bench.py PATH/TO/idem [--events N] [--rounds R] [--partitions N] [-
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -37,9 +38,28 @@ def rows(idem, db):
     return sorted(l for l in run(idem, "dump", "--db", db, "--projection", "order-totals").splitlines() if l.strip())
 
 
+def process_cpu(pid):
+    """CPU seconds (user + system) a live process has used, from /proc/PID/stat."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu():
+    """CPU seconds of the children that have exited and been waited for."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def brokers_cpu(cluster):
+    return sum(process_cpu(p.pid) for p in cluster.procs if p is not None)
+
+
 def group(idem, cluster, size, name, partitions):
-    """Runs one group of size instances until caught up; returns (seconds, fetched, dbs)."""
+    """Runs one group of size instances until caught up; returns (seconds, fetched, dbs, instance CPU
+    seconds, broker CPU seconds)."""
     dbs = [os.path.join(cluster.dir, f"{name}-i{i}") for i in range(size)]
+    cpu_before, brokers_before = children_cpu(), brokers_cpu(cluster)
     started = time.monotonic()
     procs = [subprocess.Popen([idem, "consume", "--db", db, "--nats", cluster.urls, "--stream", "ORD", "--consumer",
                                name, "--partitions", str(partitions), "--instance", f"i{i}", "--lease-ttl", "2s",
@@ -47,12 +67,14 @@ def group(idem, cluster, size, name, partitions):
              for i, db in enumerate(dbs)]
     outs = [p.communicate(timeout=1800) for p in procs]
     seconds = time.monotonic() - started
+    instances_cpu = children_cpu() - cpu_before
+    broker_cpu = brokers_cpu(cluster) - brokers_before
     fetched = 0
     for p, (out, err) in zip(procs, outs):
         if p.returncode != 0:
             raise SystemExit(f"group {name}: an instance exited {p.returncode}: {err.decode(errors='replace')}")
         fetched += json.loads(out)["fetched"]
-    return seconds, fetched, dbs
+    return seconds, fetched, dbs, instances_cpu, broker_cpu
 
 
 def main():
@@ -79,21 +101,32 @@ def main():
               f"3 nats-server nodes and the instances on {os.cpu_count()} cores; load {os.getloadavg()[0]:.1f}")
         print("round  " + "  ".join(f"{s} inst: messages/s  fetched" for s in sizes))
         rates = {s: [] for s in sizes}
+        cpu_per_message = {s: [] for s in sizes}  # (instances, brokers) CPU microseconds per stored message
         for r in range(a.rounds):
             cells = []
             for s in sizes:
-                seconds, fetched, dbs = group(idem, cluster, s, f"g{s}r{r}", a.partitions)
+                seconds, fetched, dbs, inst_cpu, broker_cpu = group(idem, cluster, s, f"g{s}r{r}", a.partitions)
                 union = sorted(x for db in dbs for x in rows(idem, db))
                 if union != ref:
                     raise SystemExit(f"group of {s} (round {r}): the union of the dumps differs from the reference")
                 rate = published["stored"] / seconds
                 rates[s].append(rate)
+                cpu_per_message[s].append((inst_cpu / published["stored"] * 1e6, broker_cpu / published["stored"] * 1e6))
                 cells.append(f"{rate:>19,.0f}  {fetched:>7}")
             print(f"{r:>5}  " + "  ".join(cells), flush=True)
         base = statistics.median(rates[sizes[0]])
         print("median " + "  ".join(f"{statistics.median(rates[s]):>19,.0f} x{statistics.median(rates[s]) / base:.2f}"
                                     for s in sizes))
         print(f"load average after: {os.getloadavg()[0]:.1f}")
+        # The projection to one machine per instance: the CPU a message costs the instances and the
+        # brokers, measured here, is what bounds each side once it has cores of its own.
+        print("CPU per stored message (median over the rounds): instances / 3 brokers, microseconds")
+        for s in sizes:
+            inst = statistics.median(c[0] for c in cpu_per_message[s])
+            brokers = statistics.median(c[1] for c in cpu_per_message[s])
+            print(f"  {s} instance(s): {inst:,.1f} / {brokers:,.1f}; one core per instance bounds the group at "
+                  f"{s * 1e6 / inst:,.0f} msgs/s, and each broker node ({brokers / 3:,.1f} us per message on one "
+                  f"core) at {3e6 / brokers:,.0f} msgs/s")
 
 
 if __name__ == "__main__":
