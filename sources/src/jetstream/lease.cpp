@@ -5,6 +5,7 @@
 #include <idem/sources/jetstream_partitions.hpp>
 #include <idem/storage/error.hpp>
 
+#include <algorithm>
 #include <charconv>
 
 namespace idem::jetstream::detail {
@@ -192,7 +193,16 @@ void lease_bucket::leave(const std::string& instance) { (void)kvStore_Delete(kv_
 
 std::vector<std::string> lease_bucket::live_instances() {
     kvKeysList list{nullptr, 0};
-    auto s = kvStore_Keys(&list, kv_, nullptr);
+    // A bound on the wait: without one cnats waits for the end-of-keys marker forever, and the
+    // marker never comes when the entries counted at the start expire (the bucket's TTL) before
+    // they are delivered; the run's tick would then hang, renewing nothing. Half a lease: a
+    // timeout is a failed tick (the broker away), and the leases outlive it.
+    using std::chrono::milliseconds;
+    const auto bound = ttl_.count() > 0 ? std::clamp(ttl_ / 2, milliseconds(500), milliseconds(5000)) : milliseconds(5000);
+    kvWatchOptions wo;
+    kvWatchOptions_Init(&wo);
+    wo.Timeout = bound.count();
+    auto s = kvStore_Keys(&list, kv_, &wo);
     std::vector<std::string> out;
     if (s == NATS_NOT_FOUND) return out;
     check_nats(s, "listing the keys of bucket '" + name_ + "'");

@@ -296,9 +296,12 @@ void partitioned_consumer::impl::start(std::uint32_t k, std::uint64_t revision, 
     so.until_caught_up = false;
     // A commit that failed for any reason closes the fence too (from its completion: a storage
     // failure is not seen inside the transaction that follows it).
-    so.on_ack = [cb = o.on_ack, k, weak](const ack_event& ev) {
+    // The partition's run stops there too: every later commit would be refused, and each
+    // refusal naks a message, spending its deliveries (MaxDeliver) for nothing.
+    so.on_ack = [cb = o.on_ack, k, weak, stop = &p->stop](const ack_event& ev) {
         if (!ev.acked) {
             if (auto f = weak.lock()) f->latch();
+            stop->store(true);
         }
         if (cb) cb(k, ev);
     };
