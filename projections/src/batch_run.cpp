@@ -99,6 +99,8 @@ std::vector<outcome> batch_run::deliver_all(const std::vector<prepared_batch::it
     outcomes.reserve(batch.size());
     constexpr std::size_t ahead = 8;  // deliveries whose index slots are fetched while earlier ones apply
     for (std::size_t i = 0; i < batch.size(); ++i) {
+        if (i + 3 * ahead < batch.size()) prefetch_item(batch[i + 3 * ahead]);
+        if (i + 2 * ahead < batch.size()) prefetch_parts(batch[i + 2 * ahead]);
         if (i + ahead < batch.size()) prefetch(batch[i + ahead]);
         if (i == batch.size() / 2 && i != 0) crash_point("mid_batch");
         outcomes.push_back(deliver(batch[i]));
@@ -118,6 +120,24 @@ std::vector<outcome> batch_run::deliver_all(const std::vector<prepared_batch::it
         checkpoints_[c.source] = layout::encode_checkpoint(c.position, c.detail);
     }
     return outcomes;
+}
+
+// A batch was prepared on another thread: its items are in that core's cache, and each
+// dependent load prefetch() makes (the item, its parts, their hash arrays) would stall on a
+// miss of its own. These bring them in over earlier deliveries, one level per stage.
+void batch_run::prefetch_item(const item& d) noexcept {
+    __builtin_prefetch(&d.err.why);
+    __builtin_prefetch(&d.message_hash);
+    __builtin_prefetch(&d.ev.sequence);
+    __builtin_prefetch(&d.parts);
+}
+
+void batch_run::prefetch_parts(const item& d) noexcept {
+    if (d.err.why != reason::none) return;
+    for (const auto& pt : d.parts) {
+        __builtin_prefetch(pt.contributor_hashes.data());
+        __builtin_prefetch(pt.key_hashes.data());
+    }
 }
 
 void batch_run::prefetch(const item& d) const noexcept {
@@ -177,7 +197,7 @@ outcome batch_run::deliver(const item& d) {
     if (record) s_.ids->stage(message_id, stamp, hash);
     // Transport ids ('m' unnamed transport, 't' named) are what `why --event` must map back to the event.
     if (record && !malformed && (message_id.starts_with('m') || message_id.starts_with('t'))) {
-        s_.event_ids->stage(message_id, d.ev.event_id(), stamp);
+        s_.event_ids->stage(message_id, d.ev, stamp);
     }
     auto result = malformed ? dead(d, d.err.why, "malformed event: " + d.err.detail, message_id) : process(d, future);
     if (record) s_.ids->annotate_last({d.fingerprint, layout::inbox_word(commit_, result.kind), d.identity});
@@ -207,7 +227,7 @@ outcome batch_run::process(const item& d, bool future) {
                     describe(ev) + ": subject of " + std::to_string(ev.subject.size()) +
                         " bytes is too long to track its stream (limit ~500 bytes)");
     }
-    auto& st = stream(ev.subject);  // a reference into a node-based map: stable while the batch runs
+    auto& st = stream(ev.subject, d.subject_hash);  // a reference into a deque: stable while the batch runs
     const auto highest = st.highest;
     if (seq <= highest) {
         return outcome{outcome_kind::duplicate_event, reason::none,
@@ -247,21 +267,21 @@ outcome batch_run::process(const item& d, bool future) {
     st.highest = std::max(highest, seq);
     st.dirty = true;
     // A released event's successors are released by the loop that released it.
-    if (!d.from_store) release_parked(ev.subject);
+    if (!d.from_store) release_parked(ev.subject, st);
     return result;
 }
 
-void batch_run::release_parked(const std::string& subject) {
+void batch_run::release_parked(const std::string& subject, stream_state& st) {
     if (s_.options.gaps != gap_policy::park || !parked_possible_) return;
     // Most streams wait for nothing: no parked key to build and look up after each of their events.
-    if (!parked_in_table_ && stream(subject).parked == 0) return;
+    if (!parked_in_table_ && st.parked == 0) return;
     std::optional<item> released;  // made for the first, reused along the stream
     for (;;) {
-        auto key = layout::parked_key(subject, stream(subject).highest + 1);
+        auto key = layout::parked_key(subject, st.highest + 1);
         auto value = parked_value(key);
         if (!value) return;
         parked_[key] = std::nullopt;
-        if (auto& st = stream(subject); st.parked > 0) --st.parked;
+        if (st.parked > 0) --st.parked;
         const auto stored = layout::decode_parked_value(*value);
         auto& d = released ? *released : released.emplace();
         d.from_store = true;
@@ -600,7 +620,11 @@ batch_run::row_slot& batch_run::load_row(std::size_t p, const std::string& key, 
 }
 
 batch_run::stream_state& batch_run::stream(const std::string& subject) {
-    auto [entry, inserted] = streams_.try_emplace(subject);
+    return stream(subject, string_table<stream_state>::hash_of(subject));
+}
+
+batch_run::stream_state& batch_run::stream(const std::string& subject, std::uint64_t hash) {
+    auto [entry, inserted] = streams_.try_emplace(subject, hash);
     if (inserted) {
         if (auto v = txn_.get(s_.streams, subject); v && v->size() >= 8) entry->value.highest = codec::get_u64_le(*v);
     }
@@ -646,7 +670,7 @@ public:
     std::uint64_t stream_highest(const std::string& subject) override { return run_.stream(subject).highest; }
     void release_after(const std::string& subject, std::uint64_t highest) override {
         set_stream(subject, highest);
-        run_.release_parked(subject);
+        run_.release_parked(subject, run_.stream(subject));
     }
     void set_stream(const std::string& subject, std::uint64_t highest) override {
         auto& st = run_.stream(subject);

@@ -3,6 +3,7 @@
 #include <idem/projections/layout.hpp>
 
 #include <idem/storage/codec.hpp>
+#include <idem/storage/event_id.hpp>
 #include <idem/storage/error.hpp>
 
 namespace idem::detail {
@@ -33,13 +34,12 @@ event_id_log::event_id_log(environment& env, const std::string& consumer, MDB_db
 
 std::string event_id_log::table_name(std::string_view consumer) { return layout::event_ids_table(consumer); }
 
-void event_id_log::stage(std::string_view message_id, std::string_view event_id, std::uint64_t stamp) {
-    std::string v;
-    codec::put_u64_le(v, stamp);
-    codec::put_u32_le(v, static_cast<std::uint32_t>(message_id.size()));
-    v.append(message_id);
-    v.append(event_id);
-    staged_.push_back(std::move(v));
+void event_id_log::stage(std::string_view message_id, const envelope& ev, std::uint64_t stamp) {
+    codec::put_u64_le(staged_, stamp);
+    codec::put_u32_le(staged_, static_cast<std::uint32_t>(message_id.size()));
+    staged_.append(message_id);
+    append_event_id(staged_, ev.source, ev.id);
+    ends_.push_back(staged_.size());
 }
 
 void event_id_log::write(write_txn& txn) {
@@ -51,17 +51,22 @@ void event_id_log::write(write_txn& txn) {
         cursor in{txn, inbox_};
         if (auto first = in.first(); first && first->second.size() >= 8) oldest = codec::get_u64_le(first->second);
     }
-    std::size_t budget = staged_.size() + 64;
+    std::size_t budget = ends_.size() + 64;
     for (auto e = c.first(); e && budget != 0; e = c.first(), --budget) {
         auto d = decode(e->second);
         if (d && d->stamp >= oldest) break;
         c.del();
     }
-    if (staged_.empty()) return;
+    if (ends_.empty()) return;
     auto last = c.last();
     std::uint64_t position = last ? codec::get_u64_be(last->first) + 1 : 1;
-    for (const auto& v : staged_) c.put(codec::u64_key(position++), v, MDB_APPEND);
-    staged_.clear();
+    const std::string_view all = staged_;
+    std::size_t begin = 0;
+    for (const auto end : ends_) {
+        c.put(codec::u64_key(position++), all.substr(begin, end - begin), MDB_APPEND);
+        begin = end;
+    }
+    clear();
 }
 
 std::vector<std::string> event_id_log::message_ids(const txn_base& txn, MDB_dbi table, std::string_view event_id) {

@@ -11,6 +11,7 @@
 // removed with the next batch (its message id was pruned), so the log never outlives the inbox.
 // Readers walk it (diagnostics only); the writer never reads it.
 
+#include <idem/storage/envelope.hpp>
 #include <idem/storage/lmdb.hpp>
 
 #include <cstdint>
@@ -28,9 +29,12 @@ public:
     event_id_log(environment& env, const std::string& consumer, MDB_dbi inbox);
 
     /// Forgets what was staged (a new transaction starts).
-    void clear() noexcept { staged_.clear(); }
+    void clear() noexcept {
+        staged_.clear();
+        ends_.clear();
+    }
     /// Stages the event id of a first delivery recorded in the inbox under a transport id.
-    void stage(std::string_view message_id, std::string_view event_id, std::uint64_t stamp);
+    void stage(std::string_view message_id, const envelope& ev, std::uint64_t stamp);
     /// Appends what was staged, and removes entries older than the inbox's oldest id.
     void write(write_txn& txn);
 
@@ -44,7 +48,10 @@ public:
 private:
     MDB_dbi table_;
     MDB_dbi inbox_;
-    std::vector<std::string> staged_;  // encoded values
+    // The encoded values back to back, and where each ends: the buffers keep their capacity
+    // from batch to batch, so staging allocates nothing.
+    std::string staged_;
+    std::vector<std::size_t> ends_;
 };
 
 }  // namespace idem::detail

@@ -271,10 +271,12 @@ private:
 
     // In the order a delivery meets them; a released parked event enters at process(), future
     // saying whether it is too far ahead of the consumer's event time.
+    static void prefetch_item(const item& d) noexcept;
+    static void prefetch_parts(const item& d) noexcept;
     void prefetch(const item& d) const noexcept;
     outcome deliver(const item& d);
     outcome process(const item& d, bool future);
-    void release_parked(const std::string& subject);
+    void release_parked(const std::string& subject, stream_state& st);
     outcome apply_projections(const item& d);
     std::unique_ptr<detail::state_box> copy_of(std::size_t p, const detail::state_box& state);
     void unstage();
@@ -295,6 +297,7 @@ private:
     // What the batch reads through its own state.
     row_slot& load_row(std::size_t p, const std::string& key, std::uint64_t hash);
     stream_state& stream(const std::string& subject);
+    stream_state& stream(const std::string& subject, std::uint64_t hash);  // hash: string_table's, computed ahead
     std::optional<std::string> parked_value(const std::string& key) const;
     std::string parked_event_id(std::string_view value) const;
 

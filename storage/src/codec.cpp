@@ -5,9 +5,9 @@
 namespace idem::codec {
 
 void put_u64_be(std::string& out, std::uint64_t v) {
-    for (int shift = 56; shift >= 0; shift -= 8) {
-        out.push_back(static_cast<char>((v >> shift) & 0xFFu));
-    }
+    char bytes[8];  // one append, not 8 push_backs with a capacity check each
+    for (std::size_t i = 0; i < 8; ++i) bytes[i] = static_cast<char>((v >> (8 * (7 - i))) & 0xFFu);
+    out.append(bytes, 8);
 }
 
 std::uint64_t get_u64_be(std::string_view in) noexcept {
@@ -26,15 +26,15 @@ std::string u64_key(std::uint64_t v) {
 }
 
 void put_u64_le(std::string& out, std::uint64_t v) {
-    for (int shift = 0; shift < 64; shift += 8) {
-        out.push_back(static_cast<char>((v >> shift) & 0xFFu));
-    }
+    char bytes[8];  // one append, not 8 push_backs with a capacity check each
+    for (std::size_t i = 0; i < 8; ++i) bytes[i] = static_cast<char>((v >> (8 * i)) & 0xFFu);
+    out.append(bytes, 8);
 }
 
 void put_u32_le(std::string& out, std::uint32_t v) {
-    for (int shift = 0; shift < 32; shift += 8) {
-        out.push_back(static_cast<char>((v >> shift) & 0xFFu));
-    }
+    char bytes[4];  // one append, not 4 push_backs with a capacity check each
+    for (std::size_t i = 0; i < 4; ++i) bytes[i] = static_cast<char>((v >> (8 * i)) & 0xFFu);
+    out.append(bytes, 4);
 }
 
 std::uint64_t get_u64_le(std::string_view in) noexcept {

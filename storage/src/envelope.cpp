@@ -3,9 +3,11 @@
 // Parsing is envelope_parser.cpp.
 
 #include <idem/storage/envelope.hpp>
+#include <idem/storage/event_id.hpp>
 
 #include "base64.hpp"
 
+#include <charconv>
 #include <cstdint>
 #include <optional>
 #include <vector>
@@ -58,12 +60,19 @@ std::optional<reason> reason_from_string(std::string_view name) noexcept {
 }
 
 std::string envelope::event_id() const {
+    std::string out;
+    append_event_id(out, source, id);
+    return out;
+}
+
+void append_event_id(std::string& out, std::string_view source, std::string_view id) {
     // Length-prefixing the source makes (source, id) -> text injective.
-    std::string out = std::to_string(source.size());
+    char digits[20];
+    const auto end = std::to_chars(digits, digits + sizeof digits, source.size()).ptr;
+    out.append(digits, end);
     out.push_back(':');
     out.append(source);
     out.append(id);
-    return out;
 }
 
 std::string transport_message_id(std::string_view msgid) {

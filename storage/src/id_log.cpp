@@ -240,7 +240,7 @@ std::optional<id_log::entry> id_log::find_newest(const txn_base& txn, std::strin
         const staged_id* newest = nullptr;
         staged_slots_.probe(hash, [&](std::size_t k) {
             const auto& s = staged_[k];
-            if (s.hash == hash && s.id == id && (newest == nullptr || &s > newest)) newest = &s;
+            if (s.hash == hash && bytes_of(s) == id && (newest == nullptr || &s > newest)) newest = &s;
             return false;
         });
         if (newest != nullptr) return entry{0, newest->stamp, newest->extra};
@@ -263,7 +263,8 @@ std::optional<id_log::entry> id_log::find_newest(const txn_base& txn, std::strin
 
 const id_log::staged_id* id_log::staged(std::string_view id, std::uint64_t hash) const {
     if (staged_.empty()) return nullptr;
-    const auto k = staged_slots_.probe(hash, [&](std::size_t i) { return staged_[i].hash == hash && staged_[i].id == id; });
+    const auto k =
+        staged_slots_.probe(hash, [&](std::size_t i) { return staged_[i].hash == hash && bytes_of(staged_[i]) == id; });
     return k == detail::slot_index::npos ? nullptr : &staged_[k];
 }
 
@@ -271,7 +272,8 @@ void id_log::stage(std::string_view id, std::uint64_t stamp) { stage_hashed(id, 
 
 void id_log::stage_hashed(std::string_view id, std::uint64_t stamp, std::uint64_t hash) {
     staged_slots_.insert(staged_.size(), hash, [&](std::size_t k) { return staged_[k].hash; });
-    staged_.push_back(staged_id{std::string(id), stamp, hash, {}});
+    staged_.push_back(staged_id{staged_bytes_.size(), id.size(), stamp, hash, {}});
+    staged_bytes_.append(id);
 }
 
 void id_log::write(write_txn& txn) {
@@ -283,14 +285,17 @@ void id_log::write(write_txn& txn) {
         value.clear();
         codec::put_u64_le(value, s.stamp);
         for (std::size_t w = 0; w < extra_words_; ++w) codec::put_u64_le(value, s.extra[w]);
-        value.append(s.id);
+        value.append(bytes_of(s));
         c.put(codec::u64_key(position++), value, MDB_APPEND);
     }
 }
 
 void id_log::committed() {
-    for (const auto& s : staged_) {
-        insert(s.hash, next_position_++);
+    // The slots land at random in a large table: fetch them a few entries ahead.
+    constexpr std::size_t ahead = 8;
+    for (std::size_t i = 0; i < staged_.size(); ++i) {
+        if (i + ahead < staged_.size()) slots_.prefetch(staged_[i + ahead].hash);
+        insert(staged_[i].hash, next_position_++);
     }
     rolled_back();
 }
@@ -298,6 +303,7 @@ void id_log::committed() {
 void id_log::rolled_back() {
     if (staged_.empty()) return;
     staged_.clear();
+    staged_bytes_.clear();
     staged_slots_.reset();
 }
 

@@ -1,4 +1,5 @@
 #include <idem/storage/envelope.hpp>
+#include <idem/storage/event_id.hpp>
 
 #include <doctest/doctest.h>
 
@@ -56,6 +57,16 @@ TEST_CASE("event ids are unambiguous across source and id boundaries") {
     b.source = "/a";
     b.id = "b#c";
     CHECK(a.event_id() != b.event_id());
+    CHECK(a.event_id() == "4:/a#bc");
+    SUBCASE("append_event_id appends exactly the event id") {
+        idem::envelope long_source;
+        long_source.source = std::string(1234, 's');
+        long_source.id = "x";
+        std::string out = "kept:";
+        idem::append_event_id(out, long_source.source, long_source.id);
+        CHECK(out == "kept:" + long_source.event_id());
+        CHECK(long_source.event_id() == "1234:" + long_source.source + "x");
+    }
     SUBCASE("a transport id never aliases an event id") {
         idem::envelope c = a;
         c.msgid = a.event_id();

@@ -141,8 +141,11 @@ private:
         slot* data_ = nullptr;
         std::size_t size_ = 0;
     };
+    // A staged id's bytes are [offset, offset + size) of staged_bytes_: one buffer that keeps
+    // its capacity from batch to batch, so staging an id allocates nothing.
     struct staged_id {
-        std::string id;
+        std::size_t offset = 0;
+        std::size_t size = 0;
         std::uint64_t stamp = 0;
         std::uint64_t hash = 0;
         std::array<std::uint64_t, max_extra> extra{};
@@ -155,6 +158,9 @@ private:
     void rebuild(const txn_base& txn);
     std::optional<entry> indexed(const txn_base& txn, std::string_view id, std::uint64_t hash) const;
     const staged_id* staged(std::string_view id, std::uint64_t hash) const;
+    std::string_view bytes_of(const staged_id& s) const noexcept {
+        return std::string_view(staged_bytes_).substr(s.offset, s.size);
+    }
     void stage_hashed(std::string_view id, std::uint64_t stamp, std::uint64_t hash);
     bool live(const slot& s) const noexcept { return s.position > head_; }  // position + 1 > head: not pruned
 
@@ -172,6 +178,7 @@ private:
     std::uint64_t head_ = 1;    // the first position not pruned
     std::uint64_t next_position_ = 1;  // the position the next append gets
     std::vector<staged_id> staged_;
+    std::string staged_bytes_;  // the staged ids, back to back
     detail::slot_index staged_slots_;  // finds staged_ entries by hash
 };
 
