@@ -7,7 +7,9 @@ paused past their lease with SIGSTOP; a broker node is killed and restarted. At 
 of the instances' dumps must equal the reference (`idem rebuild` of the same log, itself checked
 against the totals of `idem gen`'s independent model), with no key in two dumps. Also: a group
 stopped in the middle of a rebalance, --until-caught-up in partitioned mode, and
-`idem publish --subject-template` with keys that are not one NATS token.
+`idem publish --subject-template` with keys that are not one NATS token. Every instance's stderr
+(also of one killed by the test) and every other idem run is checked for a crash or a sanitizer's
+report: the sanitizer builds run these tests too.
 
 usage: scaleout_test.py PATH/TO/idem [Class[.test]]
 Set IDEM_SOAK=1 for longer runs (more events, more kills); the default is the CI size.
@@ -34,9 +36,26 @@ PARTITIONS = 4
 MAPPING = {"orders.*": "orders.{{partition(%d,1)}}.{{wildcard(1)}}" % PARTITIONS}
 
 
+# What a process that corrupted memory or raced leaves on its stderr: a sanitizer's report (the
+# sanitizer builds run these tests too) or glibc's abort message.
+CRASH_MARKERS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "WARNING: ThreadSanitizer", "runtime error:",
+                 "double free", "free(): ", "malloc(): ", "corrupted ")
+
+
+class crashed(Exception):
+    """An idem process died of a signal or reported memory corruption: never a tolerated failure
+    (the waits below retry on AssertionError only)."""
+
+
+def crash_in(stderr):
+    return next((m for m in CRASH_MARKERS if m in stderr), None)
+
+
 def run(*args, check=True, timeout=300):
     p = subprocess.run([IDEM, *map(str, args)], capture_output=True, timeout=timeout)
     p.stdout, p.stderr = p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace")
+    if p.returncode < 0 or crash_in(p.stderr):
+        raise crashed(f"idem {' '.join(map(str, args))} exited {p.returncode}\nstderr: {p.stderr}")
     if check and p.returncode != 0:
         raise AssertionError(f"idem {' '.join(map(str, args))} exited {p.returncode}\nstderr: {p.stderr}")
     return p
@@ -93,9 +112,20 @@ class scaleout_case(unittest.TestCase):
     def setUp(self):
         self.cluster = nats_cluster.nats_cluster(mappings=MAPPING)
         self.addCleanup(self.cluster.close)
+        self.err_paths = []
+        self.addCleanup(self._check_stderr)  # after _reap, before the cluster's directory goes
         self.procs = {}
         self.addCleanup(self._reap)
         self.runs = 0
+
+    def _check_stderr(self):
+        """Every instance's stderr, also of those killed or never stopped by the test: a crash or a
+        sanitizer's report in any of them fails the test."""
+        for path in self.err_paths:
+            with open(path, errors="replace") as f:
+                text = f.read()
+            if crash_in(text):
+                raise crashed(f"{os.path.basename(path)}:\n{text[-6000:]}")
 
     def _reap(self):
         for p in self.procs.values():
@@ -144,6 +174,7 @@ class scaleout_case(unittest.TestCase):
         out.close()
         err.close()
         p.err_path = self.path(f"{name}-{self.runs}.err")
+        self.err_paths.append(p.err_path)
         self.procs[name] = p
         return p
 

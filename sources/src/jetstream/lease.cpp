@@ -5,7 +5,6 @@
 #include <idem/sources/jetstream_partitions.hpp>
 #include <idem/storage/error.hpp>
 
-#include <algorithm>
 #include <charconv>
 
 namespace idem::jetstream::detail {
@@ -40,7 +39,7 @@ void check_name(const std::string& what, const std::string& name) {
 
 lease_bucket::lease_bucket(const connection& c, const std::string& consumer, std::chrono::milliseconds ttl,
                            int replicas)
-    : name_(idem::jetstream::lease_bucket(consumer)), ttl_(ttl) {
+    : js_(c.js()), name_(idem::jetstream::lease_bucket(consumer)), ttl_(ttl) {
     check_name("consumer name", consumer);
     kvConfig cfg;
     kvConfig_Init(&cfg);
@@ -77,7 +76,7 @@ lease_bucket::lease_bucket(const connection& c, const std::string& consumer, std
 }
 
 lease_bucket::lease_bucket(const connection& c, const std::string& consumer)
-    : name_(idem::jetstream::lease_bucket(consumer)) {
+    : js_(c.js()), name_(idem::jetstream::lease_bucket(consumer)) {
     check_name("consumer name", consumer);
     check_nats(js_KeyValue(&kv_, c.js(), name_.c_str()),
                "opening the lease bucket '" + name_ + "' (no partitioned group of consumer '" + consumer + "'?)");
@@ -189,28 +188,40 @@ void lease_bucket::heartbeat(const std::string& instance) {
                "renewing instance " + instance + " in bucket '" + name_ + "'");
 }
 
-void lease_bucket::leave(const std::string& instance) { (void)kvStore_Delete(kv_, ("i." + instance).c_str()); }
+// Removed from the bucket's stream, not deleted: a delete leaves a marker under the key, which
+// live_instances() would count until it expires.
+void lease_bucket::leave(const std::string& instance) {
+    const auto subject = "$KV." + name_ + ".i." + instance;
+    jsOptions o;
+    jsOptions_Init(&o);
+    o.Stream.Purge.Subject = subject.c_str();
+    jsErrCode jerr{};
+    (void)js_PurgeStream(js_, ("KV_" + name_).c_str(), &o, &jerr);
+}
 
+// The heartbeat keys present in the bucket's stream, from one stream info request. Not
+// kvStore_Keys: its watcher waits, without a deadline, for as many messages as the server said
+// were pending when it started, and a key that expires in between is never delivered; with
+// no other write to the bucket (an instance alone in its group) the run's thread waited forever.
 std::vector<std::string> lease_bucket::live_instances() {
-    kvKeysList list{nullptr, 0};
-    // A bound on the wait: without one cnats waits for the end-of-keys marker forever, and the
-    // marker never comes when the entries counted at the start expire (the bucket's TTL) before
-    // they are delivered; the run's tick would then hang, renewing nothing. Half a lease: a
-    // timeout is a failed tick (the broker away), and the leases outlive it.
-    using std::chrono::milliseconds;
-    const auto bound = ttl_.count() > 0 ? std::clamp(ttl_ / 2, milliseconds(500), milliseconds(5000)) : milliseconds(5000);
-    kvWatchOptions wo;
-    kvWatchOptions_Init(&wo);
-    wo.Timeout = bound.count();
-    auto s = kvStore_Keys(&list, kv_, &wo);
+    const auto prefix = "$KV." + name_ + ".i.";
+    const auto filter = prefix + ">";
+    jsOptions o;
+    jsOptions_Init(&o);
+    o.Stream.Info.SubjectsFilter = filter.c_str();
+    jsStreamInfo* si = nullptr;
+    jsErrCode jerr{};
+    check_nats(js_GetStreamInfo(&si, js_, ("KV_" + name_).c_str(), &o, &jerr),
+               "listing the instances of bucket '" + name_ + "'", jerr);
     std::vector<std::string> out;
-    if (s == NATS_NOT_FOUND) return out;
-    check_nats(s, "listing the keys of bucket '" + name_ + "'");
-    for (int i = 0; i < list.Count; ++i) {
-        std::string_view key = list.Keys[i];
-        if (key.starts_with("i.")) out.emplace_back(key.substr(2));
+    if (si->State.Subjects != nullptr) {
+        for (int i = 0; i < si->State.Subjects->Count; ++i) {
+            const auto& subject = si->State.Subjects->List[i];
+            std::string_view name = subject.Subject;
+            if (subject.Msgs > 0 && name.starts_with(prefix)) out.emplace_back(name.substr(prefix.size()));
+        }
     }
-    kvKeysList_Destroy(&list);
+    jsStreamInfo_Destroy(si);
     return out;
 }
 

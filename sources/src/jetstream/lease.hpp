@@ -65,13 +65,15 @@ public:
                                          std::uint64_t checkpoint);
     /// Says that instance is alive (renewed with the leases).
     void heartbeat(const std::string& instance);
-    /// Says that instance stopped.
+    /// Says that instance stopped (its heartbeat key is removed at once).
     void leave(const std::string& instance);
-    /// Returns the instances alive now (their heartbeat has not expired).
+    /// Returns the instances alive now (their heartbeat has not expired); throws on a broker
+    /// failure, after at most the connection's request timeout.
     std::vector<std::string> live_instances();
 
 private:
     void unkeep(std::uint32_t k);
+    jsCtx* js_ = nullptr;  // the connection's, which outlives the bucket
     kvStore* kv_ = nullptr;
     kvStore* kept_ = nullptr;  // the kept copies (nullptr when reading a group that has none)
     std::string name_;

@@ -335,8 +335,15 @@ void partitioned_consumer::impl::finish(owned& p, bool drop) {
     p.stop = true;  // the source checks it between fetches
     if (p.th.joinable()) p.th.join();
     if (p.eng) {
-        p.eng->async_stop(boost::asio::use_future).get();
-        p.final_checkpoint = checkpoint_of(p);
+        // An engine whose environment could not be recovered completes its stop with that
+        // error: the partition is still stopped and given up (the error is the run's, once),
+        // never left half-finished for a second stop that would find its engine stopped.
+        try {
+            p.eng->async_stop(boost::asio::use_future).get();
+            p.final_checkpoint = checkpoint_of(p);
+        } catch (const std::exception&) {  // use_future throws boost::system::system_error
+            if (!p.error) p.error = std::current_exception();
+        }
     }
     p.eng.reset();
     result.fetched += p.run_result.fetched;

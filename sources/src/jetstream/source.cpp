@@ -23,6 +23,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
@@ -143,7 +144,16 @@ struct source::impl {
     void check_exhausted(engine& e);
     bool caught_up(std::uint64_t target);
     void check_health();
+    // What the advisory subscription's callback reaches the run through. cnats may still be
+    // running that callback on the subscription's own thread after it was unsubscribed, so
+    // the gate is shared with the subscription, which lets it go once its last callback has
+    // returned (on_advisories_closed); the run closes it before it returns.
+    struct advisory_gate {
+        std::mutex m;
+        impl* target = nullptr;  // null once the run has ended
+    };
     static void on_advisory(natsConnection*, natsSubscription*, natsMsg* msg, void* closure);
+    static void on_advisories_closed(void* closure);
 };
 
 source::source(source_options options) : impl_(std::make_unique<impl>()) {
@@ -244,13 +254,17 @@ void source::impl::touch_old_messages(clock::time_point now) {
 }
 
 void source::impl::on_advisory(natsConnection*, natsSubscription*, natsMsg* msg, void* closure) {
-    auto& self = *static_cast<impl*>(closure);
+    auto& gate = **static_cast<std::shared_ptr<advisory_gate>*>(closure);
     auto seq = advisory_sequence(std::string_view(natsMsg_GetData(msg), static_cast<std::size_t>(natsMsg_GetDataLength(msg))));
     natsMsg_Destroy(msg);
     if (seq == 0) return;
-    std::scoped_lock lock{self.m};
-    self.exhausted.push_back(seq);
+    std::scoped_lock gate_lock{gate.m};
+    if (gate.target == nullptr) return;  // the run has ended: the source may be gone
+    std::scoped_lock lock{gate.target->m};
+    gate.target->exhausted.push_back(seq);
 }
+
+void source::impl::on_advisories_closed(void* closure) { delete static_cast<std::shared_ptr<advisory_gate>*>(closure); }
 
 // A message the server gave up on is lost unless its outcome is committed: one still in
 // flight decides in complete(); otherwise the inbox is asked for its message id.
@@ -392,7 +406,17 @@ source_result source::run(engine& e) {
                        "binding to consumer '" + s.o.consumer + "' of stream '" + s.o.stream + "'", jerr);
     natsSubscription* advisories = nullptr;
     const std::string advisory = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES." + s.o.stream + "." + s.o.consumer;
-    natsConnection_Subscribe(&advisories, s.conn->nc(), advisory.c_str(), &impl::on_advisory, &s);
+    auto gate = std::make_shared<impl::advisory_gate>();
+    gate->target = &s;
+    auto* closure = new std::shared_ptr<impl::advisory_gate>(gate);
+    if (natsConnection_Subscribe(&advisories, s.conn->nc(), advisory.c_str(), &impl::on_advisory, closure) != NATS_OK) {
+        advisories = nullptr;
+        delete closure;  // no subscription: no callback
+    } else {
+        // Freed after the subscription's last callback. Should it be closed already (the
+        // connection went), its callbacks may still run: the closure's few bytes then stay.
+        (void)natsSubscription_SetOnCompleteCB(advisories, &impl::on_advisories_closed, closure);
+    }
 
     auto record_exhausted = [&](const std::filesystem::path& path) {
         std::string text;
@@ -420,6 +444,10 @@ source_result source::run(engine& e) {
             s.conn->flush(std::chrono::seconds(5));
         } catch (const std::system_error&) {
             // Disconnected: acks not yet sent are lost, and the messages come again as duplicates.
+        }
+        {
+            std::scoped_lock gate_lock{gate->m};
+            gate->target = nullptr;  // a callback still running on cnats' thread no longer reaches s
         }
         if (advisories != nullptr) {
             natsSubscription_Unsubscribe(advisories);
