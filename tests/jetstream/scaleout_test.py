@@ -162,7 +162,7 @@ class scaleout_case(unittest.TestCase):
         return json.loads(run("publish", "--nats", self.cluster.urls, "--stream", "ORD", "--subject", "orders.>",
                               "--log", log, "--replicas", 3).stdout)
 
-    def start(self, name, *extra, ttl="2s"):
+    def start(self, name, *extra, ttl="2s", env=None):
         """Starts instance name (its own --db and ack log); a restart reuses both."""
         self.runs += 1
         out = open(self.path(f"{name}-{self.runs}.out"), "wb")
@@ -170,7 +170,7 @@ class scaleout_case(unittest.TestCase):
         p = subprocess.Popen([IDEM, "consume", "--db", self.path(name), "--nats", self.cluster.urls, "--stream", "ORD",
                               "--consumer", "grp", "--partitions", str(PARTITIONS), "--instance", name,
                               "--lease-ttl", ttl, "--ack-log", self.path(name + ".acks"), *map(str, extra)],
-                             stdout=out, stderr=err)
+                             stdout=out, stderr=err, env=None if env is None else {**os.environ, **env})
         out.close()
         err.close()
         p.err_path = self.path(f"{name}-{self.runs}.err")
@@ -472,6 +472,66 @@ class caught_up_test(scaleout_case):
         self.assertEqual(set(result["owned_at_stop"]), fresh)
         in_fresh = [r for r in ref if fnv1a32(token_of(r[0]).encode()) % PARTITIONS in fresh]
         self.assertEqual(self.rows_of(self.path("b")), in_fresh)
+
+
+class replay_test(scaleout_case):
+    """A new owner without a copy rebuilds the partition from the stream in one bulk build
+    (--replay-threshold 1 forces it at CI size), then its durable consumer follows from there."""
+
+    def test_takeovers_by_replay_end_equal_to_the_reference_and_the_live_path_follows(self):
+        report = self.gen("o.jsonl", 4000, 60)
+        ref = self.reference(self.path("o.jsonl"), report["totals"])
+        with open(self.path("o.jsonl"), "rb") as f:
+            lines = [l for l in f.read().split(b"\n") if l.strip()]
+        with open(self.path("first.jsonl"), "wb") as f:
+            f.write(b"".join(l + b"\n" for l in lines[:3000]))
+        with open(self.path("second.jsonl"), "wb") as f:
+            f.write(b"".join(l + b"\n" for l in lines[3000:]))
+        self.publish(self.path("first.jsonl"))
+        self.start("a", "--replay-threshold", 1)
+        wait_for(lambda: len([k for k, v in self.owners().items() if v["instance"] == "a"]) == PARTITIONS and
+                 all(v["checkpoint"] > 0 for v in self.owners().values()), 60, "a to replay every partition")
+        # Replayed: nothing of the first part went through the durable consumers.
+        self.assertEqual([x for x in self.acks("a") if "acked" in x], [])
+        # What comes next is followed live, from after the replayed checkpoint.
+        second = self.publish(self.path("second.jsonl"))
+        wait_for(lambda: self.settled(["a"], ref), 60, "a to follow the second part")
+        live = list(range(second["first_sequence"], second["last_sequence"] + 1))
+        wait_for(lambda: sorted({x["seq"] for x in self.acks("a") if x.get("acked")}) == live, 10,
+                 "a's acks of exactly the second part")
+        # b takes half by replay; then a is killed and b takes the rest by replay too.
+        self.start("b", "--replay-threshold", 1)
+        wait_for(lambda: self.settled(["a", "b"], ref), 60, "a and b to share the partitions")
+        self.assertEqual([x for x in self.acks("b") if "acked" in x], [])
+        self.stop("a", signal.SIGKILL)
+        wait_for(lambda: self.settled(["b"], ref), 60, "b to take a's partitions")
+        self.assertEqual([x for x in self.acks("b") if "acked" in x], [])
+        self.stop_all(["b"])
+        self.assertEqual(self.rows_of_all("b"), ref)
+        self.assert_partitions_follow_the_mapping(["b"])
+
+    def test_a_kill_during_a_replay_or_before_its_rename_leaves_nothing_in_place_and_a_restart_ends_exact(self):
+        report = self.gen("o.jsonl", 4000, 60)
+        ref = self.reference(self.path("o.jsonl"), report["totals"])
+        self.publish(self.path("o.jsonl"))
+        for point in ["during_replay:1", "during_swap:2"]:
+            self.start("a", "--replay-threshold", 1, env={"IDEM_CRASH_AT": point})
+            self.procs["a"].wait(60)
+            self.assertEqual(self.procs["a"].returncode, -signal.SIGKILL, point)
+            # Killed in a bulk build: its directory is beside the copy, never in its place.
+            built = sorted(n for n in os.listdir(self.path("a")) if n.startswith("p"))
+            self.assertTrue(any(n.endswith(".bulk") for n in built), (point, built))
+            for n in built:
+                if n.endswith(".bulk"):
+                    self.assertNotIn(n[:-5], built, point)
+        self.start("a", "--replay-threshold", 1)
+        wait_for(lambda: self.settled(["a"], ref), 60, "a to replay again after the kills")
+        self.stop_all(["a"])
+        self.assertEqual(sorted(n for n in os.listdir(self.path("a")) if n.endswith(".bulk")), [])
+        self.assertEqual(self.rows_of_all("a"), ref)
+
+    def rows_of_all(self, name):
+        return self.union([name])
 
 
 def token_decoded(token):

@@ -12,6 +12,7 @@
 #include "connection.hpp"
 #include "lease.hpp"
 #include "publish_naming.hpp"
+#include "replay.hpp"
 
 #include <idem/storage/error.hpp>
 
@@ -248,6 +249,8 @@ void partitioned_consumer::impl::drop_foreign_copies() {
 }
 
 std::uint64_t partitioned_consumer::impl::checkpoint_of(owned& p) {
+    std::scoped_lock lock{p.m};  // the partition's thread opens the engine
+    if (!p.eng) return 0;
     auto name = checkpoint_source(o.source.stream, o.source.consumer) + ".p" + std::to_string(p.k);
     auto stored = p.eng->read().checkpoint_value(o.engine.store.consumer, name);
     return stored && stored->size() >= 8 ? decode_position(*stored) : 0;
@@ -285,14 +288,11 @@ void partitioned_consumer::impl::start(std::uint32_t k, std::uint64_t revision, 
             throw_error(errc::lease_lost, what + ": the lease may have expired; the commit is refused");
         }
     };
-    p->eng = std::make_unique<engine>(io.get_executor(), eo);
-    if (o.add_projections) p->eng->add_projections(o.add_projections);
 
     source_options so = o.source;
     so.consumer = durable_prefix(k) + std::to_string(revision);
     so.filter_subject = prefix + "." + std::to_string(k) + ".>";
     so.checkpoint_name = checkpoint_source(o.source.stream, o.source.consumer) + ".p" + std::to_string(k);
-    so.start_sequence = checkpoint_of(*p) + 1;  // an older copy resumes; none replays from the start
     so.until_caught_up = false;
     // A commit that failed for any reason closes the fence too (from its completion: a storage
     // failure is not seen inside the transaction that follows it).
@@ -306,13 +306,36 @@ void partitioned_consumer::impl::start(std::uint32_t k, std::uint64_t revision, 
         if (cb) cb(k, ev);
     };
     so.stop = &p->stop;
+    detail::replay_request rr;
+    rr.servers = o.source.servers;
+    rr.stream = o.source.stream;
+    rr.filter_subject = so.filter_subject;
+    rr.checkpoint_name = so.checkpoint_name;
+    rr.copy = eo.store;
+    rr.add_projections = o.add_projections;
+    rr.threshold = o.replay_threshold;
+    rr.memory_budget = o.replay_memory_budget;
+    rr.stop = &p->stop;
+    rr.still_held = [this, k] { return leases->read(k).instance == o.instance; };
     auto* raw = p.get();
     // Setting the consumer up (created on a replicated stream, earlier owners' deleted) takes
-    // round trips to the cluster: it runs on the partition's thread, so the run's thread keeps
-    // renewing the other leases meanwhile.
-    p->th = std::thread([this, raw, so] {
+    // round trips to the cluster, and a replay takes a while: both run on the partition's
+    // thread, so the run's thread keeps renewing the leases (this one's too) meanwhile. The
+    // engine opens the copy once a replay (if any) has put it in place.
+    p->th = std::thread([this, raw, so, eo, rr]() mutable {
         try {
             delete_old_consumers(raw->k, so.consumer);
+            if (detail::replay_partition(rr).stopped) {
+                raw->done = true;
+                return;
+            }
+            auto eng = std::make_unique<engine>(io.get_executor(), eo);
+            if (o.add_projections) eng->add_projections(o.add_projections);
+            {
+                std::scoped_lock lock{raw->m};
+                raw->eng = std::move(eng);
+            }
+            so.start_sequence = checkpoint_of(*raw) + 1;  // an older or replayed copy resumes; none replays from the start
             auto src = std::make_unique<source>(so);
             {
                 std::scoped_lock lock{raw->m};

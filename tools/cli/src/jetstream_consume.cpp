@@ -121,6 +121,10 @@ std::vector<option> jetstream_consume_options() {
         {"lease-ttl", "D",
          "with --partitions: a lease not renewed within D expires and another instance takes the partition "
          "(default 10s; the bucket keeps the TTL it was created with)"},
+        {"replay-threshold", "N",
+         "with --partitions: a partition taken without a copy that holds at least N messages is rebuilt from the "
+         "stream in one bulk build before its durable consumer follows (default 20000; 0: always through the "
+         "durable consumer)"},
     };
 }
 
@@ -160,7 +164,7 @@ int consume_jetstream(const tool_context& t, const arguments& a) {
 namespace {
 
 int consume_one(const tool_context& t, const arguments& a) {
-    for (const char* name : {"instance", "lease-ttl"}) {
+    for (const char* name : {"instance", "lease-ttl", "replay-threshold"}) {
         if (a.get(name)) throw usage_error("option '--" + std::string(name) + "' needs --partitions");
     }
     jetstream::source_options so;

@@ -135,6 +135,7 @@ int consume_partitioned(const tool_context& t, const arguments& a) {
     if (auto ttl = duration_option(a, "lease-ttl")) {
         po.lease_ttl = std::chrono::duration_cast<std::chrono::milliseconds>(*ttl);
     }
+    po.replay_threshold = a.number("replay-threshold", po.replay_threshold);
     po.engine.store = t.store_for(po.db);
     po.engine.store.sync = durability_from(a);
     retention_from(a, po.engine.store);

@@ -57,6 +57,12 @@ struct partitioned_options {
     engine_options engine{};           ///< per partition; store.path is set to db / p<k>
     std::function<void(store&)> add_projections{};
     std::chrono::milliseconds lease_ttl{10000};  ///< a lease not renewed within expires
+    /// A new owner without a copy of a partition that holds at least this many messages rebuilds
+    /// the copy from the stream in one bulk build (no acks, one sync, renamed into place while
+    /// the lease is held) before its durable consumer follows from there; below it, or 0, the
+    /// durable consumer replays the partition through the live path (a commit per batch).
+    std::uint64_t replay_threshold = 20000;
+    std::size_t replay_memory_budget = std::size_t{256} << 20;  ///< the bulk build's row cache
     const std::atomic<bool>* stop = nullptr;  ///< checked every tick
     /// Stop by itself once every partition has an owner (or, given up on stop, a last owner
     /// that kept its copy) whose checkpoint reached the last sequence the stream held for that

@@ -16,11 +16,12 @@
 //   after_commit       committed (and synced) but not yet acknowledged or reported
 //   during_prune       an inbox/contributor prune transaction has deleted some entries
 //   during_map_resize  the map is being grown (before mdb_env_set_mapsize)
-//   during_swap        a rebuild is complete beside its target, about to be swapped in
+//   during_swap        a rebuild (or a partition's replay) is complete beside its target, about to be swapped in
 //   after_swap         the rebuild was swapped in, the previous environment not yet removed
 //   after_lock         a writer holds the store's lock and has not opened the data file yet
 //   during_create      a new data file is complete beside the store, not yet renamed in
 //   after_rotated_log  a rotated log's old file is committed as finished, its new file not yet begun
+//   during_replay      a partition's replay has applied a batch into its bulk build, not yet committed
 
 #include <cstdint>
 #include <string_view>

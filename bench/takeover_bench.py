@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""Takeover benchmark of `idem consume --partitions`: how long a new owner without a copy takes
+to catch up with a partition holding N messages, through the bulk replay (the partition read
+through an ephemeral consumer without acks into one bulk build, one sync, renamed into place;
+--replay-threshold 1) against the live path (the owner's durable consumer from the start, a
+commit and an fsync per batch of at most MaxAckPending; --replay-threshold 0). A 3-node
+nats-server cluster on loopback (tests/jetstream/nats_cluster.py), the stream mapped to one
+partition (`orders.* -> orders.{{partition(1,1)}}.*`) with 3 replicas, `idem gen`'s orders log
+published once. Each run is one instance with an empty --db under a consumer name of its own
+(`--lease-ttl 1s --until-caught-up`): the wall time from its start to its exit, lease taking,
+consumer set-up and the caught-up check (a lease tick, 250 ms) included, the same in both
+modes. The modes are interleaved round after round, so that the machine's load falls on both
+alike; medians at the end. Not a test: nothing is asserted but that every run ends with the
+rows of the reference (`idem rebuild` of the log).
+
+usage: takeover_bench.py PATH/TO/idem [--events N] [--rounds R]
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "jetstream"))
+
+import nats_cluster  # noqa: E402
+
+MODES = {"replay": 1, "live": 0}  # --replay-threshold
+
+
+def run(idem, *args):
+    p = subprocess.run([idem, *map(str, args)], capture_output=True, timeout=1800)
+    if p.returncode != 0:
+        raise SystemExit(f"idem {' '.join(map(str, args))} exited {p.returncode}: {p.stderr.decode(errors='replace')}")
+    return p.stdout.decode()
+
+
+def rows(idem, db):
+    return sorted(l for l in run(idem, "dump", "--db", db, "--projection", "order-totals").splitlines() if l.strip())
+
+
+def take_over(idem, cluster, name, threshold):
+    """One new owner catching up with the partition; returns (seconds, fetched, db)."""
+    db = os.path.join(cluster.dir, name)
+    started = time.monotonic()
+    out = run(idem, "consume", "--db", db, "--nats", cluster.urls, "--stream", "ORD", "--consumer", name,
+              "--partitions", 1, "--instance", "i0", "--lease-ttl", "1s", "--until-caught-up",
+              "--replay-threshold", threshold)
+    seconds = time.monotonic() - started
+    return seconds, json.loads(out)["fetched"], db
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("idem")
+    ap.add_argument("--events", type=int, default=200000)
+    ap.add_argument("--rounds", type=int, default=3)
+    a = ap.parse_args()
+    idem = os.path.abspath(a.idem)
+    mapping = {"orders.*": "orders.{{partition(1,1)}}.{{wildcard(1)}}"}
+    with nats_cluster.nats_cluster(mappings=mapping) as cluster:
+        log = os.path.join(cluster.dir, "o.jsonl")
+        run(idem, "gen", "--out", log, "--domain", "orders", "--events", a.events, "--aggregates",
+            max(100, a.events // 50), "--seed", 7)
+        published = json.loads(run(idem, "publish", "--nats", cluster.urls, "--stream", "ORD", "--subject", "orders.>",
+                                   "--log", log, "--replicas", 3))
+        ref_db = os.path.join(cluster.dir, "ref")
+        run(idem, "rebuild", "--db", ref_db, "--log", log)
+        ref = rows(idem, ref_db)
+        print(f"takeover_bench: a partition of {published['stored']} messages (3 replicas), 3 nats-server nodes and "
+              f"the instance on {os.cpu_count()} cores; load {os.getloadavg()[0]:.1f}")
+        print("round  " + "  ".join(f"{m:>6}: seconds  msgs/s  fetched" for m in MODES))
+        seconds = {m: [] for m in MODES}
+        for r in range(a.rounds):
+            cells = []
+            for m, threshold in MODES.items():
+                s, fetched, db = take_over(idem, cluster, f"t{r}{m}", threshold)
+                if rows(idem, db) != ref:
+                    raise SystemExit(f"{m} (round {r}): the rows differ from the reference")
+                seconds[m].append(s)
+                cells.append(f"{s:>15.2f}  {published['stored'] / s:>6,.0f}  {fetched:>7}")
+            print(f"{r:>5}  " + "  ".join(cells), flush=True)
+        med = {m: statistics.median(v) for m, v in seconds.items()}
+        print("median " + "  ".join(f"{med[m]:>15.2f}  {published['stored'] / med[m]:>6,.0f}" for m in MODES))
+        print(f"live / replay: x{med['live'] / med['replay']:.2f}; load average after: {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()
