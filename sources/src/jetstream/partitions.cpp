@@ -571,6 +571,11 @@ partitioned_result partitioned_consumer::run() {
                 break;
             }
             // The broker is away: the fences close at their deadlines; renewals go on.
+        } catch (const std::exception&) {
+            // Any other failure (a partition's run may end with one) still takes the stop path
+            // below: every partition stopped and its lease given up before it is rethrown.
+            failure = std::current_exception();
+            break;
         }
         for (auto waited = std::chrono::milliseconds(0); waited < period && !s.stopping();
              waited += std::chrono::milliseconds(20)) {
