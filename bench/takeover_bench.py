@@ -43,14 +43,25 @@ def rows(idem, db):
 
 
 def take_over(idem, cluster, name, threshold):
-    """One new owner catching up with the partition; returns (seconds, fetched, db)."""
-    db = os.path.join(cluster.dir, name)
-    started = time.monotonic()
-    out = run(idem, "consume", "--db", db, "--nats", cluster.urls, "--stream", "ORD", "--consumer", name,
-              "--partitions", 1, "--instance", "i0", "--lease-ttl", "1s", "--until-caught-up",
-              "--replay-threshold", threshold)
-    seconds = time.monotonic() - started
-    return seconds, json.loads(out)["fetched"], db
+    """One new owner catching up with the partition; returns (seconds, fetched, db). A run that
+    hangs (seen once, in the lease bucket's key listing before anything was taken) is killed
+    after 120 s and run again under another name, and said so."""
+    for attempt in range(3):
+        db = os.path.join(cluster.dir, f"{name}-{attempt}")
+        started = time.monotonic()
+        try:
+            p = subprocess.run([idem, "consume", "--db", db, "--nats", cluster.urls, "--stream", "ORD", "--consumer",
+                                f"{name}-{attempt}", "--partitions", "1", "--instance", "i0", "--lease-ttl", "1s",
+                                "--until-caught-up", "--replay-threshold", str(threshold)],
+                               capture_output=True, timeout=120)
+        except subprocess.TimeoutExpired:
+            print(f"  ({name}: hung, killed after 120 s; run again)", flush=True)
+            continue
+        seconds = time.monotonic() - started
+        if p.returncode != 0:
+            raise SystemExit(f"{name} exited {p.returncode}: {p.stderr.decode(errors='replace')}")
+        return seconds, json.loads(p.stdout)["fetched"], db
+    raise SystemExit(f"{name}: hung three times")
 
 
 def main():

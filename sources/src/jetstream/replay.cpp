@@ -13,6 +13,10 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <mutex>
 #include <thread>
 
 namespace idem::jetstream::detail {
@@ -104,10 +108,11 @@ struct fetched {
 
 // Fetches up to n messages, waiting while none come; returns none once the consumer has
 // nothing left (the messages up to the target were removed meanwhile: limits, purge).
-void fetch(fetched& out, const connection& c, const replay_subscription& sub, const replay_request& r, int n) {
+void fetch(fetched& out, const connection& c, const replay_subscription& sub, const replay_request& r, int n,
+           const std::atomic<bool>& quit) {
     int failures = 0;
     for (;;) {
-        if (r.stop != nullptr && r.stop->load()) abandon(r, "was stopped");
+        if ((r.stop != nullptr && r.stop->load()) || quit.load()) abandon(r, "was stopped");
         natsMsgList_Destroy(&out.list);
         jsErrCode jerr{};
         auto st = natsSubscription_Fetch(&out.list, sub.get(), n, fetch_wait_ms, &jerr);
@@ -140,40 +145,104 @@ position position_of(natsMsg* msg, const replay_request& r) {
     return p;
 }
 
+// A batch read and prepared (parsed, decoded) by the reader thread, waiting for the writer.
+struct prepared {
+    prepared_batch batch;
+    std::uint64_t last = 0;  // the highest stream sequence in it
+    std::size_t count = 0;
+};
+
 // Reads the partition up to target into a bulk build of s, starting with the messages in
-// first; returns the messages and the last sequence applied.
+// first: a reader thread fetches and prepares the batches while this one applies them (at most
+// two wait between them), as the log rebuild does. Returns the messages and the last sequence
+// applied.
 replay_result read_into(store& s, const connection& c, replay_subscription& sub, const replay_request& r,
                         std::uint64_t target, const std::string& incarnation, fetched& first) {
-    replay_result out;
-    std::vector<delivery> batch;
-    fetched* in_hand = &first;
-    fetched next;
-    while (in_hand->list.Count > 0) {
-        batch.clear();
-        batch.reserve(static_cast<std::size_t>(in_hand->list.Count));
-        std::uint64_t last = out.checkpoint;
-        for (int i = 0; i < in_hand->list.Count; ++i) {
-            natsMsg* msg = in_hand->list.Msgs[i];
-            delivery d;
-            // The live path's identity: the Nats-Msg-Id within this stream, else the envelope's.
-            const char* id = nullptr;
-            if (natsMsgHeader_Get(msg, "Nats-Msg-Id", &id) == NATS_OK && id != nullptr) d.message_id = id;
-            d.body.assign(natsMsg_GetData(msg), static_cast<std::size_t>(natsMsg_GetDataLength(msg)));
-            d.transport = r.stream;
-            batch.push_back(std::move(d));
-            last = std::max(last, position_of(msg, r).sequence);
+    std::mutex m;
+    std::condition_variable changed;
+    std::deque<prepared> ready;
+    bool finished = false;
+    std::exception_ptr failed;
+    std::atomic<bool> quit{false};
+    std::thread reader([&] {
+        try {
+            std::vector<delivery> batch;
+            fetched next;
+            fetched* in_hand = &first;
+            std::uint64_t last = 0;
+            while (in_hand->list.Count > 0) {
+                batch.clear();
+                batch.reserve(static_cast<std::size_t>(in_hand->list.Count));
+                for (int i = 0; i < in_hand->list.Count; ++i) {
+                    natsMsg* msg = in_hand->list.Msgs[i];
+                    delivery d;
+                    // The live path's identity: the Nats-Msg-Id within this stream, else the envelope's.
+                    const char* id = nullptr;
+                    if (natsMsgHeader_Get(msg, "Nats-Msg-Id", &id) == NATS_OK && id != nullptr) d.message_id = id;
+                    d.body.assign(natsMsg_GetData(msg), static_cast<std::size_t>(natsMsg_GetDataLength(msg)));
+                    d.transport = r.stream;
+                    batch.push_back(std::move(d));
+                    last = std::max(last, position_of(msg, r).sequence);
+                }
+                prepared p;
+                s.prepare(batch, p.batch);
+                p.last = last;
+                p.count = batch.size();
+                {
+                    std::unique_lock lock{m};
+                    changed.wait(lock, [&] { return ready.size() < 2 || quit.load(); });
+                    if (quit.load()) break;
+                    ready.push_back(std::move(p));
+                }
+                changed.notify_all();
+                if (last >= target) break;
+                fetch(next, c, sub, r, fetch_size, quit);
+                in_hand = &next;
+            }
+        } catch (...) {
+            std::scoped_lock lock{m};
+            failed = std::current_exception();
         }
-        s.apply(batch, checkpoint{r.checkpoint_name, last, incarnation, true});
-        out.messages += batch.size();
-        out.checkpoint = last;
-        crash_point("during_replay");
-        if (out.checkpoint >= target) break;
-        // The live path's fence, asked between batches: a lease that may have expired
-        // abandons the build now rather than at its end.
-        if (r.copy.fence) r.copy.fence();
-        fetch(next, c, sub, r, fetch_size);
-        in_hand = &next;
+        {
+            std::scoped_lock lock{m};
+            finished = true;
+        }
+        changed.notify_all();
+    });
+    replay_result out;
+    try {
+        for (;;) {
+            prepared p;
+            {
+                std::unique_lock lock{m};
+                changed.wait(lock, [&] { return !ready.empty() || finished; });
+                if (ready.empty()) {
+                    if (failed) std::rethrow_exception(failed);
+                    break;
+                }
+                p = std::move(ready.front());
+                ready.pop_front();
+            }
+            changed.notify_all();
+            if (r.stop != nullptr && r.stop->load()) abandon(r, "was stopped");
+            // The live path's fence, asked before each batch: a lease that may have expired
+            // abandons the build now rather than at its end.
+            if (r.copy.fence) r.copy.fence();
+            s.apply(p.batch, checkpoint{r.checkpoint_name, p.last, incarnation, true});
+            out.messages += p.count;
+            out.checkpoint = p.last;
+            crash_point("during_replay");
+        }
+    } catch (...) {
+        {
+            std::scoped_lock lock{m};
+            quit = true;
+        }
+        changed.notify_all();
+        reader.join();
+        throw;
     }
+    reader.join();
     return out;
 }
 
@@ -200,7 +269,8 @@ replay_result replay_partition(const replay_request& r) {
         // How many messages the partition holds, from the first one's delivery (the consumer's own
         // count, asked right after its creation on a replicated stream, may not be there yet).
         fetched first;
-        fetch(first, c, sub, r, 1);
+        const std::atomic<bool> go_on{false};
+        fetch(first, c, sub, r, 1, go_on);
         if (first.list.Count == 0) return {};
         const auto pending = position_of(first.list.Msgs[0], r).pending + 1;
         if (pending < r.threshold) return {};
