@@ -3,7 +3,9 @@
 #include <idem/storage/error.hpp>
 #include <idem/storage/writer_lock.hpp>
 
+#include <fcntl.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -51,6 +53,15 @@ void remove_leftovers(const std::filesystem::path& dir, std::string_view infix) 
         if (writer_lock::held(e.path()) || !foreign_files(e.path()).empty()) continue;
         std::filesystem::remove_all(e.path(), ec);
     }
+}
+
+void sync_dir(const std::filesystem::path& dir) {
+    const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) throw std::system_error(errno, std::system_category(), "cannot open directory " + dir.string());
+    const int rc = ::fsync(fd);
+    const int saved = errno;
+    ::close(fd);
+    if (rc != 0) throw std::system_error(saved, std::system_category(), "cannot sync directory " + dir.string());
 }
 
 }  // namespace idem

@@ -29,15 +29,6 @@ constexpr std::int64_t fetch_wait_ms = 1000;
 // Fetches that fail in a row while connected before the replay gives up.
 constexpr int fetch_failures_allowed = 50;
 
-void fsync_dir(const std::filesystem::path& dir) {
-    int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0) throw std::system_error(errno, std::system_category(), "cannot open directory " + dir.string());
-    int rc = ::fsync(fd);
-    int saved = errno;
-    ::close(fd);
-    if (rc != 0) throw std::system_error(saved, std::system_category(), "cannot sync directory " + dir.string());
-}
-
 // An ephemeral pull consumer of the partition's subjects, delivering from the start without
 // acks; the server deletes it when unsubscribed, or after a while without interest (a kill).
 class replay_subscription {
@@ -293,7 +284,7 @@ replay_result replay_partition(const replay_request& r) {
             s.end_bulk();  // its commit calls the fence
             idem::detail::store_env(s)->sync(true);
         }
-        fsync_dir(fresh.parent_path());
+        sync_dir(fresh.parent_path());
         // Never put in place under a lease that may be lost: the fence and the bucket both say so.
         if (r.copy.fence) r.copy.fence();
         if (r.still_held && !r.still_held()) {
@@ -302,7 +293,7 @@ replay_result replay_partition(const replay_request& r) {
         }
         crash_point("during_swap");
         std::filesystem::rename(fresh, r.copy.path);
-        fsync_dir(r.copy.path.parent_path());
+        sync_dir(r.copy.path.parent_path());
     } catch (...) {
         std::error_code ec;
         std::filesystem::remove_all(fresh, ec);

@@ -22,15 +22,6 @@ namespace idem {
 
 namespace {
 
-void fsync_dir(const std::filesystem::path& dir) {
-    int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0) throw std::system_error(errno, std::system_category(), "cannot open directory " + dir.string());
-    int rc = ::fsync(fd);
-    int saved = errno;
-    ::close(fd);
-    if (rc != 0) throw std::system_error(saved, std::system_category(), "cannot sync directory " + dir.string());
-}
-
 // Whether path starts with an LMDB meta page: a 16-byte page header, then the magic 0xBEEFC0DE
 // (in the writing machine's byte order). An empty file is an environment never written yet.
 bool lmdb_file(const std::filesystem::path& path) {
@@ -109,7 +100,7 @@ log_run_result build(const rebuild_options& options) {
         result.run = result.stats;  // a build starts from nothing
         detail::store_env(s)->sync(true);
     }
-    fsync_dir(normalized_dir(dir).parent_path());
+    sync_dir(normalized_dir(dir).parent_path());
     return result;
 }
 
@@ -151,7 +142,7 @@ log_run_result rebuild(const rebuild_options& options) {
         std::filesystem::remove_all(fresh, ec);
         throw std::system_error(e, std::system_category(), "cannot swap " + fresh.string() + " into " + target.string());
     }
-    fsync_dir(target.parent_path());
+    sync_dir(target.parent_path());
     crash_point("after_swap");
     remove_store_dir(fresh);  // now the previous environment
     return result;

@@ -19,6 +19,10 @@ std::vector<std::string> foreign_files(const std::filesystem::path& dir);
 /// files (and removes nothing) if it holds more. A missing dir is not an error.
 void remove_store_dir(const std::filesystem::path& dir);
 
+/// Syncs the directory dir itself, so that an entry created, renamed or removed in it survives a
+/// crash; throws std::system_error naming dir.
+void sync_dir(const std::filesystem::path& dir);
+
 /// Removes the stores beside dir named "<dir's name><infix><pid>" whose process is gone (the
 /// private stores of killed runs, as verify makes them); ones holding foreign files are kept.
 void remove_leftovers(const std::filesystem::path& dir, std::string_view infix);
