@@ -443,6 +443,14 @@ class caught_up_test(scaleout_case):
         self.assertEqual((self.procs["d"].returncode, late["caught_up"], late["taken"], late["owned_at_stop"]),
                          (0, True, 0, []))
         self.assertEqual(self.union(names + ["d"]), ref)
+        # The same holds for the group's own instances started again with the flag: they take
+        # nothing and their dumps still show the copies they kept.
+        for n in names:
+            self.start(n, "--until-caught-up")
+        for n in names:
+            self.procs[n].wait(120)
+            self.assertEqual(self.procs[n].returncode, 0)
+        self.assertEqual(self.union(names + ["d"]), ref)
 
     def test_a_partition_whose_last_owner_stopped_short_of_its_last_sequence_is_taken_and_replayed(self):
         # a consumes the first half and stops; the second half is published; b, started with the

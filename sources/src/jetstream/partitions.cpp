@@ -226,11 +226,32 @@ void partitioned_consumer::impl::write_owned_file() {
     write_owned_file(ks);
 }
 
+// DIR/owned lists the partitions ks and the copies this instance kept on an earlier stop that
+// no one has taken since (their leases free and naming it as the keeper): a run that takes
+// nothing, as one started with --until-caught-up after the group caught up, still shows them.
 void partitioned_consumer::impl::write_owned_file(const std::vector<std::uint32_t>& ks) {
+    std::vector<std::uint32_t> shown = ks;
+    std::vector<std::uint32_t> listed;  // as the file has them now: the fallback without a broker
+    if (std::ifstream f(o.db / "owned"); f) {
+        for (std::uint32_t k = 0; f >> k;) listed.push_back(k);
+    }
+    for (std::uint32_t k = 0; k < o.partitions; ++k) {
+        if (std::find(ks.begin(), ks.end(), k) != ks.end() || held.contains(k) || released.contains(k)) continue;
+        if (!std::filesystem::exists(o.db / partition_directory(k))) continue;
+        bool kept_here = false;
+        try {
+            auto lease = leases->read(k);
+            kept_here = lease.instance.empty() && lease.kept && lease.kept_by == o.instance;
+        } catch (const std::system_error&) {
+            kept_here = std::find(listed.begin(), listed.end(), k) != listed.end();
+        }
+        if (kept_here) shown.push_back(k);
+    }
+    std::sort(shown.begin(), shown.end());
     auto tmp = o.db / "owned.tmp";
     {
         std::ofstream f(tmp, std::ios::trunc);
-        for (auto k : ks) f << k << "\n";
+        for (auto k : shown) f << k << "\n";
     }
     std::filesystem::rename(tmp, o.db / "owned");
 }
