@@ -7,10 +7,13 @@ from the start of the stream, with --until-caught-up. Printed side by side, roun
 the whole group (messages stored / wall time from the first instance's start to the last one's exit,
 lease taking, consumer set-up and rebalancing included), the messages each group fetched in all
 (a partition handed over during a rebalance is replayed by its new owner), and the ratio to the
-1-instance group. Medians at the end. Not a test: nothing is asserted but that every group ends
-with the rows of the reference (a wrong group is no benchmark).
+1-instance group. Each round also measures the cluster's bare fetch+ack rate of the same stream
+(bench/jetstream_bench --nats: one durable consumer that stores nothing), the limit a single
+consumer meets on this cluster. Medians at the end. Not a test: nothing is asserted but that
+every group ends with the rows of the reference (a wrong group is no benchmark).
 
 usage: group_bench.py PATH/TO/idem [--events N] [--rounds R] [--partitions N] [--groups 1,2,3]
+                      [--bare PATH/TO/jetstream_bench]  (default: bench/jetstream_bench of idem's build)
 """
 
 import argparse
@@ -77,6 +80,17 @@ def group(idem, cluster, size, name, partitions):
     return seconds, fetched, dbs, instances_cpu, broker_cpu
 
 
+def bare(bench, cluster):
+    """The cluster's bare fetch+ack rate of stream ORD, in messages/s (one run)."""
+    p = subprocess.run([bench, "--nats", cluster.urls, "--stream", "ORD"], capture_output=True, timeout=1800)
+    if p.returncode != 0:
+        raise SystemExit(f"{bench} exited {p.returncode}: {p.stderr.decode(errors='replace')}")
+    for line in p.stdout.decode().splitlines():
+        if line.startswith("bare fetch+ack median:"):
+            return float(line.split(":")[1].split()[0])
+    raise SystemExit(f"{bench} printed no rate: {p.stdout.decode(errors='replace')}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("idem")
@@ -84,8 +98,12 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--partitions", type=int, default=6)
     ap.add_argument("--groups", default="1,2,3")
+    ap.add_argument("--bare")
     a = ap.parse_args()
     idem = os.path.abspath(a.idem)
+    bench = a.bare or os.path.join(os.path.dirname(idem), "..", "bench", "jetstream_bench")
+    if not os.access(bench, os.X_OK):
+        raise SystemExit(f"{bench}: not found (build bench/jetstream_bench, or name it with --bare)")
     sizes = [int(x) for x in a.groups.split(",")]
     mapping = {"orders.*": "orders.{{partition(%d,1)}}.{{wildcard(1)}}" % a.partitions}
     with nats_cluster.nats_cluster(mappings=mapping) as cluster:
@@ -99,8 +117,9 @@ def main():
         ref = rows(idem, ref_db)
         print(f"group_bench: {a.events} events ({published['stored']} stored, 3 replicas), {a.partitions} partitions, "
               f"3 nats-server nodes and the instances on {os.cpu_count()} cores; load {os.getloadavg()[0]:.1f}")
-        print("round  " + "  ".join(f"{s} inst: messages/s  fetched" for s in sizes))
+        print("round  " + "  ".join(f"{s} inst: messages/s  fetched" for s in sizes) + "  bare fetch+ack msgs/s")
         rates = {s: [] for s in sizes}
+        bare_rates = []
         cpu_per_message = {s: [] for s in sizes}  # (instances, brokers) CPU microseconds per stored message
         for r in range(a.rounds):
             cells = []
@@ -113,10 +132,14 @@ def main():
                 rates[s].append(rate)
                 cpu_per_message[s].append((inst_cpu / published["stored"] * 1e6, broker_cpu / published["stored"] * 1e6))
                 cells.append(f"{rate:>19,.0f}  {fetched:>7}")
+            bare_rates.append(bare(bench, cluster))
+            cells.append(f"{bare_rates[-1]:>21,.0f}")
             print(f"{r:>5}  " + "  ".join(cells), flush=True)
         base = statistics.median(rates[sizes[0]])
         print("median " + "  ".join(f"{statistics.median(rates[s]):>19,.0f} x{statistics.median(rates[s]) / base:.2f}"
-                                    for s in sizes))
+                                    for s in sizes) + f"  {statistics.median(bare_rates):>21,.0f}")
+        print("each group against the bare rate: " +
+              ", ".join(f"{s} inst x{statistics.median(rates[s]) / statistics.median(bare_rates):.2f}" for s in sizes))
         print(f"load average after: {os.getloadavg()[0]:.1f}")
         # The projection to one machine per instance: the CPU a message costs the instances and the
         # brokers, measured here, is what bounds each side once it has cores of its own.

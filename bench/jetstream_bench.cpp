@@ -61,6 +61,9 @@ extern char** environ;
                  "jetstream_bench: %s\n"
                  "usage: jetstream_bench [--messages N] [--aggregates A] [--quick] [--only bare|textbook|idem]\n"
                  "                       [--max-ack-pending P] [--fetch-batch B] [--idem-max-delay-us U] [--runs R] [--seed S] [--dir D]\n"
+                 "       jetstream_bench --nats URLS --stream S [--runs R] [--fetch-batch B] [--max-ack-pending P]\n"
+                 "                       the bare fetch+ack rate of an existing stream (a cluster's, say): each run\n"
+                 "                       consumes all of it through a durable of its own\n"
                  "  --messages N         messages in the stream (default 1,000,000; --quick 50,000)\n"
                  "  --aggregates A       orders (default 100,000; --quick 5,000)\n"
                  "  --only NAME          run one contender\n"
@@ -97,6 +100,8 @@ struct bench_options {
     std::uint64_t seed = 42;
     std::size_t runs = 1;
     std::filesystem::path dir{};
+    std::string nats{};    // an existing server or cluster (--nats): only the bare rate of its stream
+    std::string stream{};  // that stream
 };
 
 bench_options parse_args(int argc, char** argv) {
@@ -134,6 +139,10 @@ bench_options parse_args(int argc, char** argv) {
             o.seed = parse_number<std::uint64_t>(arg, value);
         } else if (arg == "--dir") {
             o.dir = std::string(value);
+        } else if (arg == "--nats") {
+            o.nats = std::string(value);
+        } else if (arg == "--stream") {
+            o.stream = std::string(value);
         } else {
             usage(("unknown option " + std::string(arg)).c_str());
         }
@@ -147,6 +156,7 @@ bench_options parse_args(int argc, char** argv) {
     if (aggregates) o.aggregates = *aggregates;
     if (o.messages < 10 || o.aggregates == 0) usage("--messages must be at least 10 and --aggregates positive");
     if (o.fetch_batch <= 0 || o.max_ack_pending < o.fetch_batch) usage("need 0 < --fetch-batch <= --max-ack-pending");
+    if (o.nats.empty() != o.stream.empty()) usage("--nats and --stream go together");
     return o;
 }
 
@@ -189,7 +199,16 @@ class nats_client {
 public:
     explicit nats_client(const std::string& url, publish_acks* acks = nullptr) {
         check_nats(natsOptions_Create(&opts_), "natsOptions_Create");
-        check_nats(natsOptions_SetURL(opts_, url.c_str()), "natsOptions_SetURL");
+        // One URL, or a cluster's list separated by commas.
+        std::vector<std::string> parts;
+        for (std::size_t at = 0; at <= url.size();) {
+            const auto comma = std::min(url.find(',', at), url.size());
+            parts.emplace_back(url.substr(at, comma - at));
+            at = comma + 1;
+        }
+        std::vector<const char*> urls;
+        for (const auto& u : parts) urls.push_back(u.c_str());
+        check_nats(natsOptions_SetServers(opts_, urls.data(), static_cast<int>(urls.size())), "natsOptions_SetServers");
         check_nats(natsConnection_Connect(&nc_, opts_), "connect to " + url);
         jsOptions jo;
         jsOptions_Init(&jo);
@@ -837,6 +856,42 @@ bool wanted(const bench_options& o, std::string_view name) {
     return o.only.empty() || o.only == name;
 }
 
+// --nats URLS --stream S: the bare fetch+ack rate of a stream that exists already (group_bench.py
+// measures its cluster's this way). Prints one line per run and the median.
+int run_existing(const bench_options& o) {
+    std::uint64_t messages = 0;
+    {
+        nats_client client{o.nats};
+        jsStreamInfo* si = nullptr;
+        jsErrCode jerr = static_cast<jsErrCode>(0);
+        check_nats(js_GetStreamInfo(&si, client.js(), o.stream.c_str(), nullptr, &jerr), "js_GetStreamInfo " + o.stream,
+                   jerr);
+        messages = si->State.Msgs;
+        jsStreamInfo_Destroy(si);
+    }
+    std::vector<double> rates;
+    for (std::size_t run = 0; run < o.runs; ++run) {
+        const contender_context c{.url = o.nats,
+                                  .stream = o.stream,
+                                  .consumer = "bare-" + std::to_string(::getpid()) + "-" + std::to_string(run + 1),
+                                  .stream_messages = messages,
+                                  .max_ack_pending = o.max_ack_pending,
+                                  .fetch_batch = o.fetch_batch,
+                                  .ack_wait = std::chrono::seconds(30),
+                                  .idem_max_delay = {},
+                                  .dir = {}};
+        const auto r = run_bare(c);
+        rates.push_back(static_cast<double>(r.messages) / r.seconds);
+        std::printf("bare fetch+ack run %zu: %llu messages in %.2f s (%.0f msgs/s)\n", run + 1,
+                    static_cast<unsigned long long>(r.messages), r.seconds, rates.back());
+        nats_client client{o.nats};
+        (void)js_DeleteConsumer(client.js(), o.stream.c_str(), c.consumer.c_str(), nullptr, nullptr);
+    }
+    std::sort(rates.begin(), rates.end());
+    std::printf("bare fetch+ack median: %.0f msgs/s\n", rates[rates.size() / 2]);
+    return 0;
+}
+
 int run(const bench_options& o, const std::filesystem::path& base) {
     std::fprintf(stderr, "generating %s messages over %s aggregates (seed %llu)...\n", with_commas(o.messages).c_str(),
                  with_commas(o.aggregates).c_str(), static_cast<unsigned long long>(o.seed));
@@ -956,7 +1011,7 @@ int main(int argc, char** argv) {
     int rc = 1;
     try {
         std::filesystem::create_directories(base);
-        rc = run(o, base);
+        rc = o.nats.empty() ? run(o, base) : run_existing(o);
     } catch (const std::exception& e) {
         std::fprintf(stderr, "jetstream_bench: %s\n", e.what());
     }
