@@ -16,6 +16,7 @@ Set IDEM_SOAK=1 for longer runs (more events, more kills); the default is the CI
 IDEM_SEED=N changes the moments of the kills; IDEM_KEEP_DIR=1 keeps the cluster's directory.
 """
 
+import collections
 import json
 import os
 import random
@@ -315,6 +316,17 @@ class partitioned_test(scaleout_case):
         self.assert_partitions_follow_the_mapping(all_names)
         # Every partition's lease was given up on stop.
         self.assertEqual({v["instance"] for v in self.owners().values()}, {""})
+        # The figures of the run, from the instances' ack logs (d's included).
+        lines = [x for n in names + ["d"] for x in self.acks(n)]
+        taken = sum(1 for x in lines if x.get("lease") == "taken")
+        ended = collections.Counter(x["why"] for x in lines if x.get("lease") == "ended")
+        acks = collections.Counter(x["outcome"] for x in lines if "seq" in x)
+        print(f"kills and rebalances (seed {SEED}): {rounds} instances killed with SIGKILL and restarted, 1 broker "
+              f"node killed and restarted, 1 instance joined and left; {taken} leases taken, "
+              f"{sum(ended.values())} ended ({', '.join(f'{w} {c}' for w, c in sorted(ended.items()))}); "
+              f"{sum(acks.values())} acks/naks ({', '.join(f'{o} {c}' for o, c in sorted(acks.items()))}) for "
+              f"{self.cluster.stream_info('ORD')['state']['messages']} messages stored; "
+              f"{len(ref)} rows equal to the reference, 0 lost, 0 doubled", file=sys.stderr, flush=True)
 
     def test_a_stale_owner_paused_past_its_lease_commits_nothing_after_the_takeover(self):
         report = self.gen("o.jsonl", 3000, 40)
