@@ -161,7 +161,8 @@ struct partitioned_consumer::impl {
     void finish(owned& p, bool drop);
     void drop_copy(std::uint32_t k);
     void write_owned_file();
-    void write_owned_file(const std::vector<std::uint32_t>& ks);
+    std::vector<std::uint32_t> listed_at_start;  // DIR/owned as the previous run left it
+    void write_owned_file(const std::vector<std::uint32_t>& ks, bool at_stop = false);
     void drop_foreign_copies();
     std::uint64_t checkpoint_of(owned& p);
     std::string durable_prefix(std::uint32_t k) const { return o.source.consumer + "-p" + std::to_string(k) + "-r"; }
@@ -226,24 +227,23 @@ void partitioned_consumer::impl::write_owned_file() {
     write_owned_file(ks);
 }
 
-// DIR/owned lists the partitions ks and the copies this instance kept on an earlier stop that
-// no one has taken since (their leases free and naming it as the keeper): a run that takes
-// nothing, as one started with --until-caught-up after the group caught up, still shows them.
-void partitioned_consumer::impl::write_owned_file(const std::vector<std::uint32_t>& ks) {
+// DIR/owned lists the partitions ks. At the stop it also lists the copies this instance kept on
+// an earlier stop that no one has taken since (their leases free and naming it as the keeper):
+// a run that took nothing, as one started with --until-caught-up after the group caught up,
+// still shows them. Not while running: another instance may take such a partition any time,
+// and the file would then list it twice.
+void partitioned_consumer::impl::write_owned_file(const std::vector<std::uint32_t>& ks, bool at_stop) {
     std::vector<std::uint32_t> shown = ks;
-    std::vector<std::uint32_t> listed;  // as the file has them now: the fallback without a broker
-    if (std::ifstream f(o.db / "owned"); f) {
-        for (std::uint32_t k = 0; f >> k;) listed.push_back(k);
-    }
-    for (std::uint32_t k = 0; k < o.partitions; ++k) {
-        if (std::find(ks.begin(), ks.end(), k) != ks.end() || held.contains(k) || released.contains(k)) continue;
+    for (std::uint32_t k = 0; at_stop && k < o.partitions; ++k) {
+        if (std::find(ks.begin(), ks.end(), k) != ks.end()) continue;
         if (!std::filesystem::exists(o.db / partition_directory(k))) continue;
         bool kept_here = false;
         try {
             auto lease = leases->read(k);
             kept_here = lease.instance.empty() && lease.kept && lease.kept_by == o.instance;
         } catch (const std::system_error&) {
-            kept_here = std::find(listed.begin(), listed.end(), k) != listed.end();
+            // No broker: as the file listed it when this run started.
+            kept_here = std::find(listed_at_start.begin(), listed_at_start.end(), k) != listed_at_start.end();
         }
         if (kept_here) shown.push_back(k);
     }
@@ -567,6 +567,9 @@ partitioned_result partitioned_consumer::run() {
     auto& s = *impl_;
     s.work.emplace(s.io.get_executor());
     s.completions = std::thread([&s] { s.io.run(); });
+    if (std::ifstream f(s.o.db / "owned"); f) {
+        for (std::uint32_t k = 0; f >> k;) s.listed_at_start.push_back(k);
+    }
     s.drop_foreign_copies();
     s.write_owned_file();
     if (s.o.until_caught_up) s.read_targets();
@@ -647,7 +650,7 @@ partitioned_result partitioned_consumer::run() {
             it = s.released.erase(it);
         }
     }
-    s.write_owned_file(s.result.owned_at_stop);  // what was held at the stop, and the kept copies
+    s.write_owned_file(s.result.owned_at_stop, true);  // what was held at the stop, and the kept copies
     s.result.caught_up = s.reached;
     s.work.reset();
     s.completions.join();
