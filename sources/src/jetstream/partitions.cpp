@@ -161,8 +161,9 @@ struct partitioned_consumer::impl {
     void finish(owned& p, bool drop);
     void drop_copy(std::uint32_t k);
     void write_owned_file();
+    void write_owned_file(std::vector<std::uint32_t> ks);
+    std::vector<std::uint32_t> with_kept_copies(std::vector<std::uint32_t> ks);
     std::vector<std::uint32_t> listed_at_start;  // DIR/owned as the previous run left it
-    void write_owned_file(const std::vector<std::uint32_t>& ks, bool at_stop = false);
     void drop_foreign_copies();
     std::uint64_t checkpoint_of(owned& p);
     std::string durable_prefix(std::uint32_t k) const { return o.source.consumer + "-p" + std::to_string(k) + "-r"; }
@@ -227,14 +228,23 @@ void partitioned_consumer::impl::write_owned_file() {
     write_owned_file(ks);
 }
 
-// DIR/owned lists the partitions ks. At the stop it also lists the copies this instance kept on
-// an earlier stop that no one has taken since (their leases free and naming it as the keeper):
-// a run that took nothing, as one started with --until-caught-up after the group caught up,
-// still shows them. Not while running: another instance may take such a partition any time,
-// and the file would then list it twice.
-void partitioned_consumer::impl::write_owned_file(const std::vector<std::uint32_t>& ks, bool at_stop) {
-    std::vector<std::uint32_t> shown = ks;
-    for (std::uint32_t k = 0; at_stop && k < o.partitions; ++k) {
+void partitioned_consumer::impl::write_owned_file(std::vector<std::uint32_t> ks) {
+    std::sort(ks.begin(), ks.end());
+    auto tmp = o.db / "owned.tmp";
+    {
+        std::ofstream f(tmp, std::ios::trunc);
+        for (auto k : ks) f << k << "\n";
+    }
+    std::filesystem::rename(tmp, o.db / "owned");
+}
+
+// ks and the copies this instance kept on an earlier stop that no one has taken since (their
+// leases free and naming it as the keeper): what DIR/owned lists at the stop, so that a run that
+// took nothing, as one started with --until-caught-up after the group caught up, still shows
+// them. Not while running: another instance may take such a partition any time, and two files
+// would then list it.
+std::vector<std::uint32_t> partitioned_consumer::impl::with_kept_copies(std::vector<std::uint32_t> ks) {
+    for (std::uint32_t k = 0; k < o.partitions; ++k) {
         if (std::find(ks.begin(), ks.end(), k) != ks.end()) continue;
         if (!std::filesystem::exists(o.db / partition_directory(k))) continue;
         bool kept_here = false;
@@ -245,15 +255,9 @@ void partitioned_consumer::impl::write_owned_file(const std::vector<std::uint32_
             // No broker: as the file listed it when this run started.
             kept_here = std::find(listed_at_start.begin(), listed_at_start.end(), k) != listed_at_start.end();
         }
-        if (kept_here) shown.push_back(k);
+        if (kept_here) ks.push_back(k);
     }
-    std::sort(shown.begin(), shown.end());
-    auto tmp = o.db / "owned.tmp";
-    {
-        std::ofstream f(tmp, std::ios::trunc);
-        for (auto k : shown) f << k << "\n";
-    }
-    std::filesystem::rename(tmp, o.db / "owned");
+    return ks;
 }
 
 // Before serving anything: a copy of a partition another instance holds now is stale.
@@ -650,7 +654,7 @@ partitioned_result partitioned_consumer::run() {
             it = s.released.erase(it);
         }
     }
-    s.write_owned_file(s.result.owned_at_stop, true);  // what was held at the stop, and the kept copies
+    s.write_owned_file(s.with_kept_copies(s.result.owned_at_stop));  // held at the stop, and the kept copies
     s.result.caught_up = s.reached;
     s.work.reset();
     s.completions.join();
