@@ -1,10 +1,11 @@
 #pragma once
 
 // What an operator action (redrive, release) may do inside one batch's transaction. The
-// batch run (batch_run.cpp) implements it, so the actions go through the apply path's own
+// batch run implements it (operator_run.cpp), so the actions go through the apply path's own
 // guards and writes; operator_actions.cpp holds the actions themselves.
 
 #include <idem/projections/store.hpp>
+#include <idem/storage/lmdb.hpp>
 
 #include <cstdint>
 #include <string>

@@ -6,6 +6,8 @@
 // dead letters, inbox record, checkpoint, commit. Outcomes are returned only after the
 // commit succeeded (and, with durability::full, was synced).
 
+#include <idem/projections/delivery.hpp>
+#include <idem/projections/operator_results.hpp>
 #include <idem/projections/projection.hpp>
 #include <idem/projections/upcast.hpp>
 #include <idem/storage/durability.hpp>
@@ -25,58 +27,6 @@
 #include <vector>
 
 namespace idem {
-
-/// What happened to one delivery.
-enum class outcome_kind : std::uint8_t {
-    applied,            ///< at least one row changed
-    duplicate_message,  ///< the message id was already in the inbox
-    duplicate_event,    ///< every row it maps to already holds the effect (or the sequence)
-    parked,             ///< held until the missing earlier sequences of its stream arrive
-    dead_lettered,      ///< rejected with a reason, kept in the dead-letter table, counted
-    ignored,            ///< no projection of this consumer handles its type
-};
-
-/// Number of outcome kinds (for counters indexed by outcome_kind).
-inline constexpr std::size_t outcome_kinds = 6;
-
-/// Returns the stable text of an outcome kind ("applied", ...).
-std::string_view to_string(outcome_kind k) noexcept;
-
-/// The result of applying one delivery.
-struct outcome {
-    outcome_kind kind = outcome_kind::applied;
-    reason why = reason::none;  ///< set for dead_lettered
-    std::string detail;         ///< names the event and the cause for dead letters and duplicates
-    std::uint64_t commit = 0;   ///< the commit that recorded it (read-your-writes)
-};
-
-/// One delivery: the envelope as received, and the transport's message id if it has one.
-struct delivery {
-    std::string body;        ///< CloudEvents JSON text
-    std::string message_id;  ///< transport message id (Nats-Msg-Id, Idempotency-Key); "" to use the envelope's
-    std::uint64_t line = 0;    ///< read from a log: its line (JSON Lines) or record (binary) number, 1-based; 0: not
-    std::uint64_t offset = 0;  ///< read from a log: the byte offset of the record
-    /// The transport the message id belongs to (a broker stream, a webhook sender, a log's origin): a
-    /// transport id (this message_id or the envelope's msgid) is unique within its transport only, so
-    /// the inbox keys it by both. "" is one transport like any other. Unused when the message id is
-    /// the event id.
-    std::string transport{};
-    /// Read from a binary log: the body's parsed envelope attributes its record carries
-    /// (log_record::attributes), taken instead of parsing the body; empty: the body is parsed.
-    std::string attributes{};
-};
-
-/// A source position committed with the batch that consumed up to it.
-struct checkpoint {
-    std::string source;          ///< which source (a log path, a stream name)
-    std::uint64_t position = 0;  ///< how far it was consumed (byte offset, stream sequence)
-    std::string detail{};        ///< stored after the position: what else the source checks on resume (a log's file)
-    /// Keep the stored checkpoint when its position is higher and its detail the same (positions
-    /// of one incarnation of the source). A broker redelivers older messages after newer ones,
-    /// so its checkpoint is the highest position whose outcome is committed, not the last one;
-    /// a log's position is the last one (a log read again starts lower).
-    bool keep_highest = false;
-};
 
 /// What to do with an event whose sequence skips ahead of its stream.
 enum class gap_policy {
@@ -198,86 +148,6 @@ std::string transport_message_id(std::string_view transport, std::string_view tr
 /// Splits an inbox key into (transport, id): "t<n>:<transport><id>", "m<id>" (transport "") or
 /// "e<event id>" (transport "", id the event id).
 std::pair<std::string_view, std::string_view> split_message_id(std::string_view key);
-/// What redrive() applies again: dead letters matching every filter given.
-struct redrive_options {
-    std::optional<reason> why{};                  ///< only dead letters with this reason
-    std::optional<std::string> event_id{};        ///< only this event's (envelope::event_id())
-    std::optional<std::uint64_t> position{};      ///< only the dead letter at this position
-    /// Sequenced events are refused unless set: their stream moved past them when they were
-    /// dead-lettered. When set, they are applied to every row that does not hold them yet,
-    /// except rows of their own stream that already hold a later sequence; the stream is unchanged.
-    bool out_of_order = false;
-    std::string note{};                           ///< why the operator redrives (kept in the audit)
-};
-
-/// What redrive() did with one dead letter.
-struct redriven {
-    std::uint64_t position = 0;   ///< the dead letter's position (removed unless refused)
-    reason was = reason::none;    ///< its reason
-    std::string message_id;       ///< as stored ('m' transport id or 'e' event id)
-    bool refused = false;         ///< left as it was (see detail)
-    outcome result{};             ///< applied, duplicate_event or dead_lettered (with its new reason)
-};
-
-/// What one redrive() did.
-struct redrive_result {
-    std::vector<redriven> items{};
-    std::size_t applied = 0, duplicates = 0, dead_lettered = 0, refused = 0;
-    std::uint64_t commit = 0;  ///< 0: nothing was written
-};
-
-/// What release() does with the events parked on one stream.
-struct release_options {
-    bool drop = false;   ///< dead-letter them as released_dropped instead of applying them
-    std::string note{};  ///< why the operator releases (kept in the audit)
-};
-
-/// A run of missing sequences, from..to inclusive.
-struct sequence_range {
-    std::uint64_t from = 0, to = 0;
-    friend bool operator==(const sequence_range&, const sequence_range&) = default;
-};
-
-/// What one release() did.
-struct release_result {
-    std::string subject;
-    std::uint64_t highest_before = 0;         ///< the stream's highest applied sequence before
-    std::uint64_t highest_after = 0;          ///< and after
-    std::vector<sequence_range> skipped{};    ///< sequences given up on (never applied)
-    std::vector<std::uint64_t> released{};    ///< parked sequences applied (or dead-lettered by their handlers)
-    std::vector<std::uint64_t> dropped{};     ///< parked sequences dead-lettered as released_dropped
-    std::uint64_t commit = 0;
-};
-
-/// What one migrate_rows() did, so far (also passed to its progress function).
-struct migrate_result {
-    std::uint64_t rows = 0;       ///< rows rewritten at their projection's current state version
-    std::uint64_t commits = 0;    ///< transactions it took
-    std::uint64_t remaining = 0;  ///< rows of an older state version still to rewrite
-};
-
-/// One parked stream: what it waits for.
-struct parked_stream {
-    std::string subject;
-    std::uint64_t highest = 0;                ///< highest sequence applied (or skipped)
-    std::vector<sequence_range> missing{};    ///< the gaps before and between parked events
-    std::vector<std::uint64_t> sequences{};   ///< the parked sequences, ascending
-    std::uint64_t oldest_ns = 0;              ///< when the oldest parked event was recorded (inbox stamp; 0: unknown)
-};
-
-/// One operator action recorded in the store ("audit/<consumer>").
-struct operator_action {
-    std::uint64_t position = 0;
-    std::uint64_t time_ns = 0;               ///< wall clock, ns since the Unix epoch
-    std::uint64_t commit = 0;                ///< the commit that made it
-    std::string action;                      ///< "release", "release_drop", "redrive"
-    std::string stream;                      ///< the subject released ("" for a redrive)
-    std::vector<sequence_range> skipped{};   ///< sequences given up on
-    std::vector<std::uint64_t> sequences{};  ///< released or dropped sequences; redriven dead-letter positions
-    std::string note;                        ///< the operator's reason
-    std::string summary;                     ///< what happened, in words
-};
-
 namespace detail {
 struct store_access;
 /// What the library's own tests inject into a store; opaque to its users.

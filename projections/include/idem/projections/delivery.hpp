@@ -1,0 +1,67 @@
+#pragma once
+
+// What a source hands the apply path (a delivery, the checkpoint committed with it) and what it
+// gets back (an outcome per delivery). store.hpp applies them; the engine and the sources pass them.
+
+#include <idem/storage/envelope.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace idem {
+
+/// What happened to one delivery.
+enum class outcome_kind : std::uint8_t {
+    applied,            ///< at least one row changed
+    duplicate_message,  ///< the message id was already in the inbox
+    duplicate_event,    ///< every row it maps to already holds the effect (or the sequence)
+    parked,             ///< held until the missing earlier sequences of its stream arrive
+    dead_lettered,      ///< rejected with a reason, kept in the dead-letter table, counted
+    ignored,            ///< no projection of this consumer handles its type
+};
+
+/// Number of outcome kinds (for counters indexed by outcome_kind).
+inline constexpr std::size_t outcome_kinds = 6;
+
+/// Returns the stable text of an outcome kind ("applied", ...).
+std::string_view to_string(outcome_kind k) noexcept;
+
+/// The result of applying one delivery.
+struct outcome {
+    outcome_kind kind = outcome_kind::applied;
+    reason why = reason::none;  ///< set for dead_lettered
+    std::string detail;         ///< names the event and the cause for dead letters and duplicates
+    std::uint64_t commit = 0;   ///< the commit that recorded it (read-your-writes)
+};
+
+/// One delivery: the envelope as received, and the transport's message id if it has one.
+struct delivery {
+    std::string body;        ///< CloudEvents JSON text
+    std::string message_id;  ///< transport message id (Nats-Msg-Id, Idempotency-Key); "" to use the envelope's
+    std::uint64_t line = 0;    ///< read from a log: its line (JSON Lines) or record (binary) number, 1-based; 0: not
+    std::uint64_t offset = 0;  ///< read from a log: the byte offset of the record
+    /// The transport the message id belongs to (a broker stream, a webhook sender, a log's origin): a
+    /// transport id (this message_id or the envelope's msgid) is unique within its transport only, so
+    /// the inbox keys it by both. "" is one transport like any other. Unused when the message id is
+    /// the event id.
+    std::string transport{};
+    /// Read from a binary log: the body's parsed envelope attributes its record carries
+    /// (log_record::attributes), taken instead of parsing the body; empty: the body is parsed.
+    std::string attributes{};
+};
+
+/// A source position committed with the batch that consumed up to it.
+struct checkpoint {
+    std::string source;          ///< which source (a log path, a stream name)
+    std::uint64_t position = 0;  ///< how far it was consumed (byte offset, stream sequence)
+    std::string detail{};        ///< stored after the position: what else the source checks on resume (a log's file)
+    /// Keep the stored checkpoint when its position is higher and its detail the same (positions
+    /// of one incarnation of the source). A broker redelivers older messages after newer ones,
+    /// so its checkpoint is the highest position whose outcome is committed, not the last one;
+    /// a log's position is the last one (a log read again starts lower).
+    bool keep_highest = false;
+};
+
+}  // namespace idem

@@ -1,0 +1,90 @@
+// An operator action (park release, redrive, row rewrite: operator_actions.cpp) runs as one batch
+// run: it sees the run through detail::operator_session, and its writes are committed by the
+// run's finish in one transaction, like any batch.
+
+#include "operator_session.hpp"
+#include "store_internal.hpp"
+
+#include <idem/projections/store_hooks.hpp>
+
+#include <functional>
+#include <string>
+#include <string_view>
+
+namespace idem {
+
+namespace detail {
+
+// An operator action's view of a batch run (detail::operator_session).
+class operator_run final : public operator_session {
+public:
+    explicit operator_run(batch_run& run) : run_(run) {}
+    write_txn& txn() override { return run_.txn_; }
+    std::uint64_t commit() const override { return run_.commit_; }
+    std::uint64_t now() const override { return run_.time_ns_; }
+    MDB_dbi parked_table() const override { return run_.s_.parked; }
+    MDB_dbi dead_table() const override { return run_.s_.dead; }
+    outcome reapply(const envelope&, std::string_view message_id, std::string_view body) override {
+        auto d = taken_back(message_id, body);
+        if (!prepare_envelope(run_.s_, d, run_.s_.parser)) {
+            throw_error(errc::corrupt_record, "a dead letter to redrive no longer parses: " + d.err.detail);
+        }
+        d.message_id.assign(message_id);
+        return run_.apply_projections(d);
+    }
+    void dead_letter(reason why, std::string detail, std::string_view message_id, std::string_view body) override {
+        run_.dead(taken_back(message_id, body), why, std::move(detail));
+    }
+    void write_dead_letters() override { run_.write_dead_letters(); }
+    std::uint64_t stream_highest(const std::string& subject) override { return run_.stream(subject).highest; }
+    void release_after(const std::string& subject, std::uint64_t highest) override {
+        set_stream(subject, highest);
+        run_.release_parked(subject, run_.stream(subject));
+    }
+    void set_stream(const std::string& subject, std::uint64_t highest) override {
+        auto& st = run_.stream(subject);
+        st.highest = highest;
+        st.dirty = true;
+    }
+    void unpark(const std::string& key) override { run_.parked_[key] = std::nullopt; }
+    bool is_parked(const std::string& key) const override { return run_.parked_value(key).has_value(); }
+    void rewrite_row(std::size_t projection, const std::string& key) override {
+        run_.load_row(projection, key, string_table<batch_run::row_slot>::hash_of(key)).dirty = true;
+    }
+
+private:
+    // An event read back from the store, as the batch path takes it.
+    static batch_run::item taken_back(std::string_view message_id, std::string_view body) {
+        batch_run::item d;
+        d.from_store = true;
+        d.message_id.assign(message_id);
+        d.body.assign(body);
+        return d;
+    }
+
+    batch_run& run_;
+};
+
+}  // namespace detail
+
+void store::impl::run_operator(const std::function<bool(detail::operator_session&)>& fn) {
+    write_txn txn{*env};
+    detail::batch_run run{*this, txn};
+    detail::operator_run op{run};
+    if (!fn(op)) {
+        rolled_back();  // aborted by txn's destructor
+        return;
+    }
+    run.finish();
+    detail::before_commit(options, run.commit());
+    txn.commit();
+    ids->committed();
+    for (auto& c : contributors) c->committed();
+}
+
+void store::operate(const std::function<bool(detail::operator_session&)>& fn) {
+    if (impl_->bulk) throw_error(errc::invalid_argument, "an operator action cannot run during a bulk build");
+    impl_->until_committed([&] { impl_->run_operator(fn); });
+}
+
+}  // namespace idem
