@@ -13,61 +13,20 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 import unittest
 
+import idem_cli
 import nats_server
+from idem_cli import envelope_of, free_port, jsonl, run, wait_for
 
 IDEM = None
 SOAK = os.environ.get("IDEM_SOAK") == "1"
 
 
-def run(*args, check=True, timeout=300, env=None):
-    p = subprocess.run([IDEM, *map(str, args)], capture_output=True, timeout=timeout, env=env)
-    p.stdout, p.stderr = p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace")
-    if check and p.returncode != 0:
-        raise AssertionError(f"idem {' '.join(map(str, args))} exited {p.returncode}\nstderr: {p.stderr}")
-    return p
-
-
-def jsonl(text):
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
-
-
-def envelope_of(line):
-    """Returns the envelope dict of a log line idem would accept (JSON object, specversion 1.0,
-    id/source/type non-empty strings), else None."""
-    try:
-        e = json.loads(line.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
-        return None
-    if not isinstance(e, dict) or e.get("specversion") != "1.0":
-        return None
-    for k in ("id", "source", "type"):
-        if not isinstance(e.get(k), str) or not e[k]:
-            return None
-    return e
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for(condition, timeout, what, interval=0.05):
-    """Polls condition() until it returns something true; fails naming what after timeout seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = condition()
-        if v:
-            return v
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 class consume_case(unittest.TestCase):
@@ -801,7 +760,7 @@ class two_streams_test(consume_case):
 
 if __name__ == "__main__":
     nats_server.skip_unless_available()
-    IDEM = os.path.abspath(sys.argv.pop(1))
+    IDEM = idem_cli.IDEM = os.path.abspath(sys.argv.pop(1))
     started = time.monotonic()
     result = unittest.main(exit=False, verbosity=2).result
     total = result.testsRun

@@ -8,24 +8,17 @@ usage: publish_test.py PATH/TO/idem
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
 import time
 import unittest
 
+import idem_cli
 import nats_server
+from idem_cli import envelope_of, free_port, run
 
 IDEM = None
-
-
-def run(*args, check=True, timeout=300):
-    p = subprocess.run([IDEM, *map(str, args)], capture_output=True, timeout=timeout)
-    p.stdout, p.stderr = p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace")
-    if check and p.returncode != 0:
-        raise AssertionError(f"idem {' '.join(map(str, args))} exited {p.returncode}\nstderr: {p.stderr}")
-    return p
 
 
 def percent(text, also=""):
@@ -34,21 +27,6 @@ def percent(text, also=""):
     for b in text.encode():
         out.append(f"%{b:02X}" if b < 0x21 or b > 0x7E or chr(b) == "%" or chr(b) in also else chr(b))
     return "".join(out)
-
-
-def envelope_of(line):
-    """Returns the envelope dict if line is one idem accepts (as far as these logs' defects go:
-    JSON, UTF-8, specversion 1.0, id/source/type non-empty strings), else None."""
-    try:
-        e = json.loads(line.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
-        return None
-    if not isinstance(e, dict) or e.get("specversion") != "1.0":
-        return None
-    for k in ("id", "source", "type"):
-        if not isinstance(e.get(k), str) or not e[k]:
-            return None
-    return e
 
 
 def msg_id(e):
@@ -84,12 +62,6 @@ def reference(lines, max_payload, with_ids=True):
         if mid is not None:
             seen.add(mid)
     return stored, malformed, too_large
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class publish_case(unittest.TestCase):
@@ -324,7 +296,7 @@ class broker_restart_test(publish_case):
 
 if __name__ == "__main__":
     nats_server.skip_unless_available()
-    IDEM = os.path.abspath(sys.argv.pop(1))
+    IDEM = idem_cli.IDEM = os.path.abspath(sys.argv.pop(1))
     result = unittest.main(exit=False, verbosity=2).result
     total = result.testsRun
     failed = len(result.failures) + len(result.errors)

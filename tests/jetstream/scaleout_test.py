@@ -23,47 +23,19 @@ import random
 import signal
 import subprocess
 import sys
-import threading
 import time
 import unittest
 
+import idem_cli
 import nats_cluster
 import nats_server
+from idem_cli import crash_in, crashed, jsonl, run
 
 IDEM = None
 SOAK = os.environ.get("IDEM_SOAK") == "1"
 SEED = int(os.environ.get("IDEM_SEED", "5"))
 PARTITIONS = 4
 MAPPING = {"orders.*": "orders.{{partition(%d,1)}}.{{wildcard(1)}}" % PARTITIONS}
-
-
-# What a process that corrupted memory or raced leaves on its stderr: a sanitizer's report (the
-# sanitizer builds run these tests too) or glibc's abort message.
-CRASH_MARKERS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "WARNING: ThreadSanitizer", "runtime error:",
-                 "double free", "free(): ", "malloc(): ", "corrupted ")
-
-
-class crashed(Exception):
-    """An idem process died of a signal or reported memory corruption: never a tolerated failure
-    (the waits below retry on AssertionError only)."""
-
-
-def crash_in(stderr):
-    return next((m for m in CRASH_MARKERS if m in stderr), None)
-
-
-def run(*args, check=True, timeout=300):
-    p = subprocess.run([IDEM, *map(str, args)], capture_output=True, timeout=timeout)
-    p.stdout, p.stderr = p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace")
-    if p.returncode < 0 or crash_in(p.stderr):
-        raise crashed(f"idem {' '.join(map(str, args))} exited {p.returncode}\nstderr: {p.stderr}")
-    if check and p.returncode != 0:
-        raise AssertionError(f"idem {' '.join(map(str, args))} exited {p.returncode}\nstderr: {p.stderr}")
-    return p
-
-
-def jsonl(text):
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def fnv1a32(data):
@@ -98,15 +70,9 @@ def stacks(pid):
         return f"(no stacks: {e})"
 
 
-def wait_for(condition, timeout, what, interval=0.2):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = condition()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+def wait_for(condition, timeout, what):
+    # A condition here runs an idem command or reads a cluster: polled less often than idem_cli's default.
+    return idem_cli.wait_for(condition, timeout, what, interval=0.2)
 
 
 class scaleout_case(unittest.TestCase):
@@ -685,7 +651,7 @@ class refusal_test(scaleout_case):
 
 if __name__ == "__main__":
     nats_server.skip_unless_available()
-    IDEM = os.path.abspath(sys.argv.pop(1))
+    IDEM = idem_cli.IDEM = os.path.abspath(sys.argv.pop(1))
     started = time.monotonic()
     result = unittest.main(exit=False, verbosity=2).result
     total = result.testsRun
