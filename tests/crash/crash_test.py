@@ -51,8 +51,8 @@ PROJECTIONS = {"trading": ["positions"], "game": ["leaderboard", "inventory"], "
 
 # Sizes: events per log, aggregates, records per consume batch, the crash schedule N = 1..k,
 # random kills per consume scenario, engine submitters.
-CI = {"events": 800, "aggregates": 40, "batch": {"trading": 3, "game": 4, "orders": 3}, "k": 6,
-      "random_kills": 25, "rebuild_k": 4, "engine_submitters": [2, 8]}
+CI = {"events": 500, "aggregates": 30, "batch": {"trading": 3, "game": 4, "orders": 3}, "k": 6,
+      "random_kills": 15, "rebuild_k": 4, "engine_submitters": [2, 8]}
 LONG = {"events": 2000, "aggregates": 80, "batch": {"trading": 5, "game": 7, "orders": 4}, "k": 10,
         "random_kills": 60, "rebuild_k": 10, "engine_submitters": [1, 4, 16]}
 
