@@ -23,10 +23,7 @@ import idem_cli
 import nats_server
 from idem_cli import envelope_of, free_port, jsonl, run, wait_for
 
-IDEM = None
 SOAK = os.environ.get("IDEM_SOAK") == "1"
-
-
 
 
 class consume_case(unittest.TestCase):
@@ -107,7 +104,7 @@ class consume_case(unittest.TestCase):
         n = len(self.procs)
         out = open(self.path(f"consume-{n}.out"), "wb")
         err = open(self.path(f"consume-{n}.err"), "wb")
-        p = subprocess.Popen([IDEM, *self.consume_args(db, stream, consumer, *extra)], stdout=out, stderr=err,
+        p = subprocess.Popen([idem_cli.IDEM, *self.consume_args(db, stream, consumer, *extra)], stdout=out, stderr=err,
                              env=env)
         out.close()
         err.close()
@@ -760,7 +757,7 @@ class two_streams_test(consume_case):
 
 if __name__ == "__main__":
     nats_server.skip_unless_available()
-    IDEM = idem_cli.IDEM = os.path.abspath(sys.argv.pop(1))
+    idem_cli.IDEM = os.path.abspath(sys.argv.pop(1))
     started = time.monotonic()
     result = unittest.main(exit=False, verbosity=2).result
     total = result.testsRun

@@ -18,8 +18,6 @@ import idem_cli
 import nats_server
 from idem_cli import envelope_of, free_port, run
 
-IDEM = None
-
 
 def percent(text, also=""):
     """Percent-encodes bytes outside 0x21-0x7E, '%' and also (the rule in jetstream_publish.hpp)."""
@@ -262,8 +260,8 @@ class broker_restart_test(publish_case):
     def test_a_broker_killed_mid_publish_loses_and_doubles_nothing(self):
         lines = self.gen("a.jsonl", events=40000, malformed=0)
         expected, _, too_large = reference(lines, self.ns.varz()["max_payload"])
-        proc = subprocess.Popen([IDEM, "publish", "--nats", self.ns.url, "--stream", "T", "--subject", "trading.>",
-                                 "--log", self.path("a.jsonl"), "--max-pending", "256"],
+        proc = subprocess.Popen([idem_cli.IDEM, "publish", "--nats", self.ns.url, "--stream", "T",
+                                 "--subject", "trading.>", "--log", self.path("a.jsonl"), "--max-pending", "256"],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
         def crash_and_restart():
@@ -296,7 +294,7 @@ class broker_restart_test(publish_case):
 
 if __name__ == "__main__":
     nats_server.skip_unless_available()
-    IDEM = idem_cli.IDEM = os.path.abspath(sys.argv.pop(1))
+    idem_cli.IDEM = os.path.abspath(sys.argv.pop(1))
     result = unittest.main(exit=False, verbosity=2).result
     total = result.testsRun
     failed = len(result.failures) + len(result.errors)

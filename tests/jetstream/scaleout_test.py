@@ -31,7 +31,6 @@ import nats_cluster
 import nats_server
 from idem_cli import crash_in, crashed, jsonl, run
 
-IDEM = None
 SOAK = os.environ.get("IDEM_SOAK") == "1"
 SEED = int(os.environ.get("IDEM_SEED", "5"))
 PARTITIONS = 4
@@ -134,9 +133,10 @@ class scaleout_case(unittest.TestCase):
         self.runs += 1
         out = open(self.path(f"{name}-{self.runs}.out"), "wb")
         err = open(self.path(f"{name}-{self.runs}.err"), "wb")
-        p = subprocess.Popen([IDEM, "consume", "--db", self.path(name), "--nats", self.cluster.urls, "--stream", "ORD",
-                              "--consumer", "grp", "--partitions", str(PARTITIONS), "--instance", name,
-                              "--lease-ttl", ttl, "--ack-log", self.path(name + ".acks"), *map(str, extra)],
+        p = subprocess.Popen([idem_cli.IDEM, "consume", "--db", self.path(name), "--nats", self.cluster.urls,
+                              "--stream", "ORD", "--consumer", "grp", "--partitions", str(PARTITIONS),
+                              "--instance", name, "--lease-ttl", ttl, "--ack-log", self.path(name + ".acks"),
+                              *map(str, extra)],
                              stdout=out, stderr=err, env=None if env is None else {**os.environ, **env})
         out.close()
         err.close()
@@ -612,7 +612,7 @@ class replicated_test(scaleout_case):
         ref = self.reference(self.path("o.jsonl"), report["totals"])
         self.publish(self.path("o.jsonl"))
         def replica(name, *extra):
-            return [IDEM, "consume", "--db", self.path(name), "--nats", self.cluster.urls, "--stream", "ORD",
+            return [idem_cli.IDEM, "consume", "--db", self.path(name), "--nats", self.cluster.urls, "--stream", "ORD",
                     "--consumer", "rep", "--replica", name, *extra]
         victim = subprocess.Popen(replica("r1"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.procs["r1"] = victim
@@ -651,7 +651,7 @@ class refusal_test(scaleout_case):
 
 if __name__ == "__main__":
     nats_server.skip_unless_available()
-    IDEM = idem_cli.IDEM = os.path.abspath(sys.argv.pop(1))
+    idem_cli.IDEM = os.path.abspath(sys.argv.pop(1))
     started = time.monotonic()
     result = unittest.main(exit=False, verbosity=2).result
     total = result.testsRun
