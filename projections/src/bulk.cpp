@@ -19,6 +19,11 @@ std::vector<outcome> store::impl::run_bulk(const prepared_batch& prepared, std::
     return outcomes;
 }
 
+void store::impl::index_pages(bool huge) {
+    ids->use_huge_pages(huge);
+    for (auto& c : contributors) c->use_huge_pages(huge);
+}
+
 void store::impl::abandon_bulk() {
     bulk.reset();
     bulk_txn.reset();  // aborts
@@ -33,6 +38,7 @@ void store::begin_bulk(std::size_t memory_budget) {
     try {
         s.bulk = std::make_unique<detail::batch_run>(s, *s.bulk_txn, true);
         s.bulk_budget = memory_budget;
+        s.index_pages(true);
     } catch (...) {
         s.abandon_bulk();
         throw;
@@ -54,6 +60,7 @@ void store::end_bulk() {
     }
     s.ids->committed();
     for (auto& c : s.contributors) c->committed();
+    s.index_pages(false);
     s.bulk.reset();
     s.bulk_txn.reset();
 }

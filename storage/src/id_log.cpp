@@ -31,12 +31,15 @@ std::size_t successor_size(std::size_t size, std::size_t live) { return (live + 
 
 }  // namespace
 
-id_log::slot_table::slot_table(std::size_t size) : size_(size) {
+id_log::slot_table::slot_table(std::size_t size, bool huge_pages) : size_(size) {
     // Straight from the kernel: zero pages that cost nothing until touched. (calloc may hand
     // back reused heap memory and clear all of it at once, and touching every page of a
     // 32 MiB table at once stalls the writer for tens of milliseconds.)
     void* p = ::mmap(nullptr, size * sizeof(slot), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) throw std::bad_alloc();
+    // Advice only: where the kernel has no huge page at hand (or transparent huge pages are
+    // off), the table gets small pages.
+    if (huge_pages) ::madvise(p, size * sizeof(slot), MADV_HUGEPAGE);
     data_ = static_cast<slot*>(p);
 }
 
@@ -103,7 +106,7 @@ void id_log::prepare_next() {
     if (next_.empty()) {
         // Expected live entries at the limit: every insert until then adds one.
         const auto at_limit = count_ + (slots_.size() * 7 / 10 - std::min(occupied_, slots_.size() * 7 / 10));
-        next_ = slot_table(successor_size(slots_.size(), at_limit));
+        next_ = slot_table(successor_size(slots_.size(), at_limit), huge_pages_);
         touched_ = 0;
         until_touch_ = 0;
     }
@@ -118,7 +121,7 @@ void id_log::regrow() {
     // entries move over the next inserts (drain).
     drain(draining_.size());  // a previous move not done yet (not expected) finishes first
     const auto size = successor_size(slots_.size(), count_);
-    slot_table fresh = next_.size() == size ? std::move(next_) : slot_table(size);
+    slot_table fresh = next_.size() == size ? std::move(next_) : slot_table(size, huge_pages_);
     next_ = slot_table{};
     drain_rate_ = size > slots_.size() ? drain_when_doubling : drain_at_same_size;
     draining_ = std::exchange(slots_, std::move(fresh));
@@ -144,7 +147,7 @@ void id_log::rebuild(const txn_base& txn) {
     if (int rc = mdb_stat(txn.handle(), table_, &st); rc != 0) throw_lmdb(rc, "cannot read the size of an id log");
     std::size_t size = 1024;
     while (size < 2 * st.ms_entries) size *= 2;
-    slots_ = slot_table(size);
+    slots_ = slot_table(size, huge_pages_);
     draining_ = slot_table{};
     drained_ = 0;
     next_ = slot_table{};

@@ -6,6 +6,8 @@
 
 #include <chrono>
 #include <cstdint>
+#include <fstream>
+#include <sstream>
 #include <string>
 
 using idem::test::temp_dir;
@@ -19,6 +21,33 @@ void record(idem::environment& env, idem::id_log& box, std::initializer_list<std
     box.write(w);
     w.commit();
     box.committed();
+}
+
+// The bytes of this process's mappings advised to use transparent huge pages (VmFlags "hg").
+std::size_t huge_advised_bytes() {
+    std::ifstream smaps{"/proc/self/smaps"};
+    std::size_t total = 0;
+    std::size_t size_kb = 0;
+    for (std::string line; std::getline(smaps, line);) {
+        if (line.starts_with("Size:")) {
+            std::istringstream{line.substr(5)} >> size_kb;
+        } else if (line.starts_with("VmFlags:") && (line + " ").find(" hg ") != std::string::npos) {
+            total += size_kb * 1024;
+        }
+    }
+    return total;
+}
+
+std::size_t index_bytes_after(idem::environment& env, const std::string& table, bool huge) {
+    const auto before = huge_advised_bytes();
+    idem::id_log box{env, table};
+    box.use_huge_pages(huge);
+    idem::write_txn w{env};
+    for (int i = 0; i < 300000; ++i) box.stage(table + "-" + std::to_string(i), 1);
+    box.write(w);
+    w.commit();
+    box.committed();
+    return huge_advised_bytes() - before;
 }
 
 }  // namespace
@@ -138,6 +167,17 @@ TEST_CASE("each entry costs a few dozen bytes of log, appended in order") {
     mdb_stat(w.handle(), box.table(), &st);
     // 10k ids of 36 bytes: append-only leaves are full, so ~75 per 4 KiB page, not one page per id.
     CHECK(st.ms_leaf_pages < 10000 / 50);
+}
+
+TEST_CASE("index tables ask for huge pages only when told to (a bulk build)") {
+    temp_dir dir;
+    auto env = idem::environment::open(dir / "db", {.sync = idem::durability::none});
+    // 300k ids fill a table of 512k slots of 16 bytes: 8 MiB, advised while the box lives.
+    CHECK(index_bytes_after(*env, "small", false) == 0);
+    // A kernel built without transparent huge pages refuses the advice (the table keeps small pages).
+    if (std::ifstream{"/sys/kernel/mm/transparent_hugepage/enabled"}) {
+        CHECK(index_bytes_after(*env, "huge", true) >= std::size_t{8} << 20);
+    }
 }
 
 }  // TEST_SUITE

@@ -105,6 +105,13 @@ public:
     /// Returns the id of a stored entry's value.
     std::string_view id_of(std::string_view value) const noexcept { return value.substr(std::min(value.size(), 8 * (1 + extra_words_))); }
 
+    /// Index tables made from now on ask the kernel for transparent huge pages (on) or keep
+    /// small ones (off, the default). A bulk build turns it on: filling a table of millions of
+    /// slots then costs one page fault per 2 MiB instead of one per 4 KiB (a fault costs ~11 us
+    /// on a virtual machine). The live writer keeps small pages: a huge page's fault may wait
+    /// for the kernel to compact memory, a stall a batch in flight should not see.
+    void use_huge_pages(bool on) noexcept { huge_pages_ = on; }
+
     /// Returns the number of ids the index holds (committed).
     std::size_t size() const noexcept { return count_; }
     /// Returns the table handle.
@@ -120,7 +127,7 @@ private:
     class slot_table {
     public:
         slot_table() = default;
-        explicit slot_table(std::size_t size);
+        slot_table(std::size_t size, bool huge_pages);
         slot_table(slot_table&& other) noexcept;
         slot_table& operator=(slot_table&& other) noexcept;
         ~slot_table();
@@ -166,6 +173,7 @@ private:
 
     MDB_dbi table_;
     std::size_t extra_words_ = 0;
+    bool huge_pages_ = false;
     slot_table slots_;
     slot_table draining_;       // the previous table while its entries move to slots_ (else empty)
     std::size_t drained_ = 0;   // draining_[0, drained_) have moved
