@@ -185,7 +185,11 @@ prepared_batch store::prepare(std::span<const delivery> batch) const {
 void store::prepare(std::span<const delivery> batch, prepared_batch& into) const {
     thread_local envelope_parser parser;
     into.items_.resize(batch.size());
-    for (std::size_t i = 0; i < batch.size(); ++i) detail::prepare_item(*impl_, batch[i], into.items_[i], parser);
+    for (std::size_t i = 0; i < batch.size(); ++i) {
+        auto& slot = into.items_[i];
+        if (!slot) slot = std::make_unique<prepared_batch::item>();
+        detail::prepare_item(*impl_, batch[i], *slot, parser);
+    }
 }
 
 }  // namespace idem

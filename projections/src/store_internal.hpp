@@ -32,6 +32,7 @@
 #include <map>
 #include <mutex>
 #include <memory>
+#include <span>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -207,6 +208,8 @@ public:
         entries_.clear();
         slots_.clear();
     }
+    /// Asks the CPU to bring hash's slot into cache (a stage ahead of prefetch()).
+    void prefetch_slot(std::uint64_t hash) const noexcept { slots_.prefetch_slot(hash); }
     /// Asks the CPU to bring hash's slot, and the entry it holds now, into cache.
     void prefetch(std::uint64_t hash) const noexcept {
         if (const auto k = slots_.first(hash); k != slot_index::npos) __builtin_prefetch(&entries_[k]);
@@ -231,7 +234,7 @@ public:
 
     /// Applies deliveries in order and returns their outcomes; at is where they were read from
     /// (dead letters name a single log source) and becomes each source's checkpoint at finish().
-    std::vector<outcome> deliver_all(const std::vector<prepared_batch::item>& batch,
+    std::vector<outcome> deliver_all(std::span<const std::unique_ptr<prepared_batch::item>> batch,
                                      std::span<const checkpoint> at);
     /// Returns the commit number the batch's outcomes carry.
     std::uint64_t commit() const noexcept { return commit_; }
@@ -275,6 +278,7 @@ private:
     // saying whether it is too far ahead of the consumer's event time.
     static void prefetch_item(const item& d) noexcept;
     static void prefetch_parts(const item& d) noexcept;
+    void prefetch_slots(const item& d) const noexcept;
     void prefetch(const item& d) const noexcept;
     outcome deliver(const item& d);
     outcome process(const item& d, bool future);

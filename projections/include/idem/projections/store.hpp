@@ -236,7 +236,9 @@ public:
 
 private:
     friend class store;
-    std::vector<item> items_;
+    // Each item on the heap: a writer gathering submissions and handing them back moves
+    // pointers, not the items' dozens of strings.
+    std::vector<std::unique_ptr<item>> items_;
 };
 
 /// One consumer's projections over an LMDB environment, applied synchronously.
