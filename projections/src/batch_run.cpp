@@ -150,6 +150,7 @@ void batch_run::prefetch_slots(const item& d) const noexcept {
         if (pt.projection < rows_.size()) {
             for (auto h : pt.key_hashes) rows_[pt.projection].prefetch_slot(h);
         }
+        for (auto h : pt.key_hashes) s_.journals[pt.projection]->prefetch_slot(h);
     }
 }
 
@@ -162,6 +163,7 @@ void batch_run::prefetch(const item& d) const noexcept {
         if (pt.projection < rows_.size()) {
             for (auto h : pt.key_hashes) rows_[pt.projection].prefetch(h);
         }
+        for (auto h : pt.key_hashes) s_.journals[pt.projection]->prefetch(h);
     }
 }
 
@@ -439,19 +441,24 @@ void batch_run::finish() {
 
 void batch_run::write_rows() {
     std::string value;
-    std::vector<std::pair<std::pair<std::size_t, std::string>, row_slot*>> dirty;
+    struct dirty_row {
+        std::pair<std::size_t, std::string> id;  // projection, row key
+        std::uint64_t hash;                      // of the aggregate key (row_journal::key_hash)
+        row_slot* slot;
+    };
+    std::vector<dirty_row> dirty;
     for (std::size_t p = 0; p < rows_.size(); ++p) {
         for (auto& e : rows_[p].entries()) {
-            if (e.value.dirty) dirty.emplace_back(std::pair{p, codec::row_key(e.key)}, &e.value);
+            if (e.value.dirty) dirty.push_back({{p, codec::row_key(e.key)}, e.hash, &e.value});
         }
     }
-    std::sort(dirty.begin(), dirty.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    std::sort(dirty.begin(), dirty.end(), [](const auto& a, const auto& b) { return a.id < b.id; });
     std::string state;
     std::size_t table = SIZE_MAX;
     std::string last;  // the table's last key before this write: keys after it are appended
     std::optional<cursor> appender;
     std::vector<std::size_t> journaled(s_.journals.size());
-    for (auto& [id, slot] : dirty) {
+    for (auto& [id, hash, slot] : dirty) {
         const auto& proj = *s_.projections[id.first];
         slot->header.state_version = proj.state_version();
         state.clear();
@@ -460,7 +467,7 @@ void batch_run::write_rows() {
         codec::encode_row(value, slot->header, state);
         slot->dirty = false;
         if (!bulk_) {
-            s_.journals[id.first]->append(txn_, id.second, value);
+            s_.journals[id.first]->append(txn_, id.second, value, hash);
             ++journaled[id.first];
             continue;
         }
@@ -615,7 +622,7 @@ batch_run::row_slot& batch_run::load_row(std::size_t p, const std::string& key, 
     // no slot behind.
     const auto& proj = *s_.projections[p];
     const auto row_key = codec::row_key(key);
-    auto record = s_.journals[p]->find(txn_, row_key);
+    auto record = s_.journals[p]->find(txn_, row_key, hash);
     if (!record) record = txn_.get(s_.tables[p], row_key);
     row_slot read;
     if (record) {

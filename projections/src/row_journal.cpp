@@ -40,13 +40,11 @@ void for_each_entry(const txn_base& txn, MDB_dbi table, std::uint64_t from, F&& 
 
 // Sets a key's latest sequence in a journal's map; a key new to the map also goes to order
 // (a view of the map's own copy, which stays put).
-template <class Map>
-void note_latest(Map& map, std::vector<std::string_view>& order, std::string_view key, std::uint64_t seq) {
-    if (auto it = map.find(key); it != map.end()) {
-        it->second = seq;
-        return;
-    }
-    order.push_back(map.emplace(std::string(key), seq).first->first);
+void note_latest(string_table<std::uint64_t>& map, std::vector<std::string_view>& order, std::string_view key,
+                 std::uint64_t hash, std::uint64_t seq) {
+    auto [entry, inserted] = map.try_emplace(key, hash);
+    entry->value = seq;
+    if (inserted) order.push_back(entry->key);
 }
 
 // Merges the newest of a list of sorted runs into the one before it.
@@ -85,6 +83,14 @@ std::pair<std::uint64_t, std::string_view> row_journal::decode_meta(std::optiona
     return {codec::get_u64_le(*v), v->substr(8)};
 }
 
+std::uint64_t row_journal::key_hash(std::string_view row_key) {
+    // Without a NUL before its 00 00 ending, a row key is its aggregate key as is.
+    const auto body = row_key.substr(0, row_key.size() - std::min<std::size_t>(2, row_key.size()));
+    if (body.find('\0') == std::string_view::npos) return key_map::hash_of(body);
+    const auto decoded = codec::decode_table_key(row_key);
+    return key_map::hash_of(decoded ? std::string_view(decoded->aggregate) : row_key);
+}
+
 row_journal::row_journal(environment& env, const std::string& projection, MDB_dbi meta)
     : projection_(projection), meta_key_(meta_key(projection)), meta_(meta) {
     tables_[0] = env.table(table_name(projection, 0));
@@ -116,12 +122,12 @@ void row_journal::load(const txn_base& txn) {
     folded_ = 0;
     next_seq_ = 1;
     for_each_entry(txn, active(), 1, [&](std::uint64_t seq, std::string_view key, std::string_view) {
-        note_latest(active_, new_keys_, key, seq);
+        note_latest(active_, new_keys_, key, key_hash(key), seq);
         next_seq_ = seq + 1;
     });
     sort_new_keys();
     for_each_entry(txn, frozen(), 1, [&](std::uint64_t seq, std::string_view key, std::string_view) {
-        note_latest(frozen_, frozen_order_, key, seq);
+        note_latest(frozen_, frozen_order_, key, key_hash(key), seq);
     });
     std::sort(frozen_order_.begin(), frozen_order_.end());
     if (!cursor_.empty()) {
@@ -161,19 +167,20 @@ std::optional<std::string_view> row_journal::record_at(const txn_base& txn, MDB_
     return split(*v).second;
 }
 
-std::optional<std::string_view> row_journal::find(const txn_base& txn, std::string_view row_key) const {
-    if (auto it = active_.find(row_key); it != active_.end()) return record_at(txn, active(), it->second);
-    if (auto it = frozen_.find(row_key); it != frozen_.end()) return record_at(txn, frozen(), it->second);
+std::optional<std::string_view> row_journal::find(const txn_base& txn, std::string_view row_key,
+                                                  std::uint64_t hash) const {
+    if (const auto* e = active_.find(row_key, hash)) return record_at(txn, active(), e->value);
+    if (const auto* e = frozen_.find(row_key, hash)) return record_at(txn, frozen(), e->value);
     return std::nullopt;
 }
 
-void row_journal::append(write_txn& txn, std::string_view row_key, std::string_view record) {
+void row_journal::append(write_txn& txn, std::string_view row_key, std::string_view record, std::uint64_t hash) {
     thread_local std::string value;
     put_value(value, row_key, record);
     const auto seq = next_seq_;
     stale_ = true;  // until the index below matches what the transaction holds
     txn.put(active(), codec::u64_key(seq), value, MDB_APPEND);
-    note_latest(active_, new_keys_, row_key, seq);
+    note_latest(active_, new_keys_, row_key, hash, seq);
     next_seq_ = seq + 1;
     stale_ = false;
 }
@@ -194,8 +201,9 @@ void row_journal::fold(write_txn& txn, MDB_dbi rows, std::size_t n, std::size_t 
         const auto end = std::min(frozen_order_.size(), folded_ + n);
         for (auto i = folded_; i < end; ++i) {
             const auto key = frozen_order_[i];
-            if (active_.contains(key)) continue;  // superseded: folded with the active journal later
-            put_row(txn, rows, key, *record_at(txn, frozen(), frozen_.find(key)->second));
+            const auto hash = key_hash(key);
+            if (active_.find(key, hash)) continue;  // superseded: folded with the active journal later
+            put_row(txn, rows, key, *record_at(txn, frozen(), frozen_.find(key, hash)->value));
         }
         folded_ = end;
         cursor_ = frozen_order_[end - 1];
@@ -233,9 +241,12 @@ void row_journal::fold_all(write_txn& txn, MDB_dbi rows) {
     stale_ = true;
     for (auto i = folded_; i < frozen_order_.size(); ++i) {
         const auto key = frozen_order_[i];
-        if (!active_.contains(key)) put_row(txn, rows, key, *record_at(txn, frozen(), frozen_.find(key)->second));
+        const auto hash = key_hash(key);
+        if (!active_.find(key, hash)) put_row(txn, rows, key, *record_at(txn, frozen(), frozen_.find(key, hash)->value));
     }
-    for (const auto key : active_in_order()) put_row(txn, rows, key, *record_at(txn, this->active(), active_.find(key)->second));
+    for (const auto key : active_in_order()) {
+        put_row(txn, rows, key, *record_at(txn, this->active(), active_.find(key, key_hash(key))->value));
+    }
     const bool had = !frozen_.empty() || !active_.empty() || !cursor_.empty();
     if (!frozen_.empty()) empty_table(txn, frozen(), "the frozen journal of projection '" + projection_ + "'");
     if (!active_.empty()) empty_table(txn, this->active(), "the journal of projection '" + projection_ + "'");

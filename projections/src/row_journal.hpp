@@ -3,6 +3,8 @@
 
 #include <idem/storage/lmdb.hpp>
 
+#include "string_table.hpp"
+
 #include <mutex>
 
 #include <cstddef>
@@ -53,10 +55,21 @@ public:
 
     /// Reads the journals again if this index is stale or another writer changed them.
     void catch_up(const txn_base& txn);
-    /// Returns a row's current record if a journal holds the row (the view lives with txn).
-    std::optional<std::string_view> find(const txn_base& txn, std::string_view row_key) const;
-    /// Appends a row's new record to the active journal.
-    void append(write_txn& txn, std::string_view row_key, std::string_view record);
+    /// Returns a row's current record if a journal holds the row (the view lives with txn);
+    /// hash is key_hash(row_key), which the batch has at hand as its aggregate key's hash.
+    std::optional<std::string_view> find(const txn_base& txn, std::string_view row_key, std::uint64_t hash) const;
+    /// Appends a row's new record to the active journal (hash as for find).
+    void append(write_txn& txn, std::string_view row_key, std::string_view record, std::uint64_t hash);
+    /// Asks the CPU to bring the index slots of a row (by hash) into cache, a stage ahead of prefetch().
+    void prefetch_slot(std::uint64_t hash) const noexcept {
+        active_.prefetch_slot(hash);
+        frozen_.prefetch_slot(hash);
+    }
+    /// Asks the CPU to bring the index entries of a row (by hash) into cache.
+    void prefetch(std::uint64_t hash) const noexcept {
+        active_.prefetch(hash);
+        frozen_.prefetch(hash);
+    }
     /// Folds up to n rows of the frozen journal into the row table, empties it once folded,
     /// and swaps the journals when the active one holds swap_at entries (0: automatic).
     void fold(write_txn& txn, MDB_dbi rows, std::size_t n, std::size_t swap_at);
@@ -76,10 +89,14 @@ public:
     static std::pair<std::string_view, std::string_view> split(std::string_view value);
     /// Reads a meta entry: epoch and fold cursor.
     static std::pair<std::uint64_t, std::string_view> decode_meta(std::optional<std::string_view> v);
+    /// Returns the index's hash of a row key (codec::row_key of an aggregate key): the hash of
+    /// the aggregate key itself, string_table::hash_of(key), so that a batch's prepared key
+    /// hashes find the journals' entries and can prefetch them.
+    static std::uint64_t key_hash(std::string_view row_key);
 
 private:
-    using key_map = journal_key_map<std::uint64_t>;
-    using key_run = std::vector<std::string_view>;  // row keys in key order, views into a key_map's nodes
+    using key_map = string_table<std::uint64_t>;    // row key -> its latest sequence, by key_hash
+    using key_run = std::vector<std::string_view>;  // row keys in key order, views into a key_map's entries
 
     void load(const txn_base& txn);
     void write_meta(write_txn& txn);

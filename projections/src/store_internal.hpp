@@ -20,6 +20,7 @@
 #include "event_ids.hpp"
 #include "operator_session.hpp"
 #include "row_journal.hpp"
+#include "string_table.hpp"
 #include "upcast_chain.hpp"
 
 #include <idem/storage/error.hpp>
@@ -173,53 +174,6 @@ bool prepare_envelope(const store::impl& s, prepared_batch::item& out, envelope_
 inline std::uint64_t count_ns(std::chrono::nanoseconds d) {
     return d.count() > 0 ? static_cast<std::uint64_t>(d.count()) : 0;
 }
-
-/// Strings to V with one hash per lookup and references that stay valid as it grows: the
-/// entries live in a deque, a slot_index finds them.
-template <class V>
-class string_table {
-public:
-    struct entry {
-        std::string key;
-        std::uint64_t hash = 0;
-        V value{};
-    };
-
-    /// Returns the hash try_emplace uses for key.
-    static std::uint64_t hash_of(std::string_view key) noexcept { return std::hash<std::string_view>{}(key); }
-    /// Returns the entry for key, inserting a default value if absent; and whether it was inserted.
-    std::pair<entry*, bool> try_emplace(std::string_view key) { return try_emplace(key, hash_of(key)); }
-    /// The same with key's hash computed ahead.
-    std::pair<entry*, bool> try_emplace(std::string_view key, std::uint64_t hash) {
-        const auto k = slots_.probe(hash, [&](std::size_t i) { return entries_[i].hash == hash && entries_[i].key == key; });
-        if (k != slot_index::npos) return {&entries_[k], false};
-        slots_.insert(entries_.size(), hash, [&](std::size_t i) { return entries_[i].hash; });
-        auto& e = entries_.emplace_back();
-        e.key.assign(key);
-        e.hash = hash;
-        return {&e, true};
-    }
-    /// Returns the entry for key (hash_of(key) computed ahead), or null.
-    entry* find(std::string_view key, std::uint64_t hash) {
-        const auto k = slots_.probe(hash, [&](std::size_t i) { return entries_[i].hash == hash && entries_[i].key == key; });
-        return k == slot_index::npos ? nullptr : &entries_[k];
-    }
-    void clear() {
-        entries_.clear();
-        slots_.clear();
-    }
-    /// Asks the CPU to bring hash's slot into cache (a stage ahead of prefetch()).
-    void prefetch_slot(std::uint64_t hash) const noexcept { slots_.prefetch_slot(hash); }
-    /// Asks the CPU to bring hash's slot, and the entry it holds now, into cache.
-    void prefetch(std::uint64_t hash) const noexcept {
-        if (const auto k = slots_.first(hash); k != slot_index::npos) __builtin_prefetch(&entries_[k]);
-    }
-    std::deque<entry>& entries() noexcept { return entries_; }
-
-private:
-    std::deque<entry> entries_;
-    slot_index slots_;
-};
 
 /// The state of one batch while it is being applied; written out at the end, in key order
 /// (batch_run.cpp; spill() in bulk.cpp).

@@ -126,7 +126,9 @@ inline idem::envelope line(std::string id, const std::string& order, std::int64_
     e.type = line_added::event_type;
     e.subject = order;
     e.sequence = sequence;
-    e.data = R"({"order_id":")" + order + R"(","amount":)" + std::to_string(amount) + "}";
+    e.data = R"({"order_id":)";
+    idem::append_json_string(e.data, order);
+    e.data += R"(,"amount":)" + std::to_string(amount) + "}";
     return e;
 }
 
