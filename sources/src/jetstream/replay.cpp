@@ -33,7 +33,7 @@ constexpr int fetch_failures_allowed = 50;
 // acks; the server deletes it when unsubscribed, or after a while without interest (a kill).
 class replay_subscription {
 public:
-    replay_subscription(const connection& c, const replay_request& r) {
+    replay_subscription(const connection& c, const replay_request& r) : conn_(c) {
         jsSubOptions so;
         jsSubOptions_Init(&so);
         so.Stream = r.stream.c_str();
@@ -46,10 +46,7 @@ public:
         check_nats(js_PullSubscribe(&sub_, c.js(), r.filter_subject.c_str(), nullptr, nullptr, &so, &jerr),
                    "creating a replay consumer of '" + r.filter_subject + "' in stream '" + r.stream + "'", jerr);
     }
-    ~replay_subscription() {
-        natsSubscription_Unsubscribe(sub_);
-        natsSubscription_Destroy(sub_);
-    }
+    ~replay_subscription() { conn_.release(sub_); }
     replay_subscription(const replay_subscription&) = delete;
     replay_subscription& operator=(const replay_subscription&) = delete;
 
@@ -67,6 +64,7 @@ public:
     }
 
 private:
+    const connection& conn_;
     natsSubscription* sub_ = nullptr;
 };
 

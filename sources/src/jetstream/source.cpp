@@ -449,12 +449,8 @@ source_result source::run(engine& e) {
             std::scoped_lock gate_lock{gate->m};
             gate->target = nullptr;  // a callback still running on cnats' thread no longer reaches s
         }
-        if (advisories != nullptr) {
-            natsSubscription_Unsubscribe(advisories);
-            natsSubscription_Destroy(advisories);
-        }
-        natsSubscription_Unsubscribe(sub);
-        natsSubscription_Destroy(sub);
+        s.conn->release(advisories);
+        s.conn->release(sub);
     };
 
     try {
