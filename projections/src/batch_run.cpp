@@ -321,6 +321,9 @@ outcome batch_run::apply_projections(const item& d) {
     unstage();  // the boxes a dead-lettered event staged return to the spares
     auto& staged = staged_;
     const bool handled = !d.parts.empty();
+    // An event that changes one row may run an in-place handler on the row's state itself: a
+    // throw leaves it unchanged, and there is no other row to keep in step with it.
+    const bool one_row = d.parts.size() == 1 && d.parts.front().keys.size() == 1;
     const auto limit = txn_.env().max_key_size();
 
     for (const auto& pt : d.parts) {
@@ -348,10 +351,11 @@ outcome batch_run::apply_projections(const item& d) {
             const bool own_stream = ev.sequence && key == ev.subject;
             if (own_stream && *ev.sequence <= slot.header.highest_sequence) continue;
             if (holds(p, contributor, pt.contributor_hashes[k])) continue;
-            auto copy = copy_of(p, *slot.state);
+            const bool in_place = one_row && pt.handler->in_place;
+            auto copy = in_place ? nullptr : copy_of(p, *slot.state);
             m.key = key;
             try {
-                pt.handler->apply(*copy, pt.decoded.get(), m);
+                pt.handler->apply(in_place ? *slot.state : *copy, pt.decoded.get(), m);
             } catch (const std::exception& e) {
                 return dead(d, reason::handler_failed,
                             describe(ev) + ", projection '" + proj.name() + "', row '" + layout::truncate(key) +
@@ -375,7 +379,7 @@ outcome batch_run::apply_projections(const item& d) {
     // entries carry the event time (the horizon prunes by it), or the consumer's without one.
     const auto stamp = d.time_ns.value_or(clock_.event_time);  // prepare parsed ev.time
     for (auto& c : staged) {
-        std::swap(c.slot->state, c.state);  // the row's previous state becomes a spare in unstage()
+        if (c.state) std::swap(c.slot->state, c.state);  // the row's previous state becomes a spare in unstage()
         c.slot->header.applied += 1;
         if (c.own_stream) c.slot->header.highest_sequence = std::max(c.slot->header.highest_sequence, *ev.sequence);
         c.slot->dirty = true;

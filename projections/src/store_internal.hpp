@@ -215,7 +215,7 @@ private:
     struct staged_change {
         std::size_t projection;
         row_slot* slot;
-        std::unique_ptr<detail::state_box> state;
+        std::unique_ptr<detail::state_box> state;  // the changed copy (null: changed in place)
         const std::string* contributor;
         std::uint64_t contributor_hash;
         bool own_stream;

@@ -8,7 +8,10 @@
 
 #include <doctest/doctest.h>
 
+#include <map>
+#include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 using namespace idem_test;
@@ -461,6 +464,123 @@ TEST_CASE("a handler that throws leaves every row of the event untouched") {
     }
     CHECK(letters[0].message_id.find("m-2") != std::string::npos);
     CHECK(letters[1].message_id.find("m-3") != std::string::npos);
+}
+
+namespace {
+
+// A state that counts its copies (moves are free and not counted).
+struct counted {
+    static inline std::size_t copies = 0;
+    std::int64_t total = 0;
+    std::int64_t lines = 0;
+    counted() = default;
+    counted(const counted& o) : total(o.total), lines(o.lines) { ++copies; }
+    counted(counted&&) noexcept = default;
+    counted& operator=(const counted& o) {
+        total = o.total;
+        lines = o.lines;
+        ++copies;
+        return *this;
+    }
+    counted& operator=(counted&&) noexcept = default;
+    template <class A>
+    void serialize(A& a) {
+        a(CEREAL_NVP(total), CEREAL_NVP(lines));
+    }
+};
+
+// Refuses amount 13 before it changes anything.
+void add_checked(counted& c, const line_added& e) {
+    if (e.amount == 13) throw std::runtime_error("amount 13 is cursed");
+    c.total += e.amount;
+    c.lines += 1;
+}
+
+struct copies_run {
+    std::size_t copies = 0;
+    std::vector<idem::outcome> outcomes;
+    std::map<std::string, std::pair<std::int64_t, std::int64_t>> rows;  // key -> total, lines
+};
+
+// Applies lines (orders o0..o4, amounts i % 20, so some are 13) through one projection.
+copies_run run_lines(idem::projection<counted> p, const std::vector<std::string>& keys) {
+    temp_dir dir;
+    idem::store store{options(dir.env())};
+    const auto name = p.name();
+    store.add(std::move(p));
+    std::vector<idem::delivery> batch;
+    for (int i = 0; i < 100; ++i) batch.push_back(deliver(line("l-" + std::to_string(i), "o" + std::to_string(i % 5), i % 20)));
+    counted::copies = 0;
+    copies_run r;
+    r.outcomes = store.apply(batch);
+    r.outcomes.push_back(store.apply(batch.front()));  // a redelivery: nothing to copy either way
+    r.copies = counted::copies;
+    auto snap = store.read();
+    for (const auto& k : keys) {
+        if (auto row = snap.get<counted>(name, k)) r.rows[k] = {row->state.total, row->state.lines};
+    }
+    return r;
+}
+
+}  // namespace
+
+TEST_CASE("a handler that cannot leave a half-changed state runs on the row itself when the event changes one row") {
+    std::vector<std::string> orders{"o0", "o1", "o2", "o3", "o4"};
+    std::map<std::string, std::pair<std::int64_t, std::int64_t>> want;  // the lines that are not 13
+    for (int i = 0; i < 100; ++i) {
+        if (i % 20 == 13) continue;
+        auto& w = want["o" + std::to_string(i % 5)];
+        w.first += i % 20;
+        w.second += 1;
+    }
+    auto by_order = [](const line_added& e) { return e.order_id; };
+
+    // On a copy: one per event handled (the 5 that throw too).
+    auto plain = run_lines(idem::projection<counted>("plain").on<line_added>(add_checked).key(by_order), orders);
+    CHECK(plain.copies == 100);
+    CHECK(plain.rows == want);
+
+    // Declared with the strong guarantee: in place, and a throw still dead-letters with the row unchanged.
+    auto strong = run_lines(
+        idem::projection<counted>("strong").on<line_added>(add_checked, idem::strong_guarantee).key(by_order), orders);
+    CHECK(strong.copies == 0);
+    CHECK(strong.rows == want);
+    std::size_t dead = 0;
+    for (const auto& o : strong.outcomes) dead += o.kind == outcome_kind::dead_lettered;
+    CHECK(dead == 5);
+    CHECK(strong.outcomes.back().kind == outcome_kind::duplicate_message);
+
+    // noexcept: in place without saying so.
+    auto nothrow = run_lines(idem::projection<counted>("nothrow")
+                                 .on<line_added>([](counted& c, const line_added& e) noexcept {
+                                     c.total += e.amount;
+                                     c.lines += 1;
+                                 })
+                                 .key(by_order),
+                             orders);
+    CHECK(nothrow.copies == 0);
+
+    // An event that changes two rows runs on copies: when the handler throws on its second row
+    // (whichever that is), the first row is left as it was.
+    std::string seen;  // the id of the event whose first row the handler saw last
+    auto two_rows = run_lines(idem::projection<counted>("two-rows")
+                                  .on<line_added>(
+                                      [&seen](counted& c, const line_added& e, const idem::meta& m) {
+                                          if (e.amount == 13 && m.id == seen) throw std::runtime_error("cursed");
+                                          seen = m.id;
+                                          c.total += e.amount;
+                                          c.lines += 1;
+                                      },
+                                      idem::strong_guarantee)
+                                  .key([](const line_added& e) { return std::vector<std::string>{e.order_id, "all"}; }),
+                              {"o0", "o1", "o2", "o3", "o4", "all"});
+    CHECK(two_rows.copies == 2 * 100);
+    auto want_all = want;
+    for (const auto& [k, w] : want) {
+        want_all["all"].first += w.first;
+        want_all["all"].second += w.second;
+    }
+    CHECK(two_rows.rows == want_all);
 }
 
 TEST_CASE("every outcome names the commit that recorded it, and checkpoints commit with the batch") {

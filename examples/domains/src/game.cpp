@@ -43,14 +43,14 @@ void holdings::consume(const item_consumed& c) {
 
 idem::projection<scoreboard> leaderboard() {
     return idem::projection<scoreboard>(leaderboard_projection)
-        .on<scored>([](scoreboard& b, const scored& s) { b.add(s); })
+        .on<scored>([](scoreboard& b, const scored& s) { b.add(s); }, idem::strong_guarantee)
         .key([](const scored& s) { return s.match; });
 }
 
 idem::projection<holdings> inventory() {
     return idem::projection<holdings>(inventory_projection)
-        .on<item_granted>([](holdings& h, const item_granted& g) { h.grant(g); })
-        .on<item_consumed>([](holdings& h, const item_consumed& c) { h.consume(c); })
+        .on<item_granted>([](holdings& h, const item_granted& g) { h.grant(g); }, idem::strong_guarantee)
+        .on<item_consumed>([](holdings& h, const item_consumed& c) { h.consume(c); }, idem::strong_guarantee)
         .key([](const item_granted& g) { return g.player; })
         .key([](const item_consumed& c) { return c.player; });
 }

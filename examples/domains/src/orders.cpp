@@ -7,18 +7,19 @@
 namespace idem::examples {
 
 void order_total::add(const line_added& line) {
-    if (currency.empty()) {
-        currency = line.amount.currency;
-    } else if (line.amount.currency != currency) {
+    // Everything that can throw comes before the first change: a throw leaves the row as it was.
+    if (!currency.empty() && line.amount.currency != currency) {
         throw std::invalid_argument("the order is in " + currency + ", the line in " + line.amount.currency);
     }
-    total = detail::checked_add(total, line.amount.minor, "order total");
+    const auto new_total = detail::checked_add(total, line.amount.minor, "order total");
+    if (currency.empty()) currency = line.amount.currency;
+    total = new_total;
     lines += 1;
 }
 
 idem::projection<order_total> order_totals() {
     return idem::projection<order_total>(order_totals_projection)
-        .on<line_added>([](order_total& t, const line_added& e) { t.add(e); })
+        .on<line_added>([](order_total& t, const line_added& e) { t.add(e); }, idem::strong_guarantee)
         .key([](const line_added& e) { return e.order_id; })
         .state_version(order_total::state_version)
         .migrate<order_total_v1>(1, [](const order_total_v1& old) {

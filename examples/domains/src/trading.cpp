@@ -82,7 +82,7 @@ std::string position_key(std::string_view account, std::string_view instrument) 
 
 idem::projection<position> positions() {
     return idem::projection<position>(positions_projection)
-        .on<fill>([](position& p, const fill& f) { p.apply(f); })
+        .on<fill>([](position& p, const fill& f) { p.apply(f); }, idem::strong_guarantee)
         .key([](const fill& f) { return f.key(); })
         .effect_key([](const fill& f) { return f.exec_id; });
 }

@@ -50,6 +50,15 @@ struct meta {
     std::string_view key;                   ///< the aggregate key of the row being changed
 };
 
+/// Passed to projection::on() for a handler with the strong exception guarantee: should it
+/// throw, it has not changed the state. Such a handler (and any noexcept one) runs on the row's
+/// state itself when the event changes one row, instead of on a copy installed afterwards
+/// (an event that changes several rows still runs on copies: all of them or none).
+struct strong_guarantee_t {
+    explicit strong_guarantee_t() = default;
+};
+inline constexpr strong_guarantee_t strong_guarantee{};
+
 /// One projection row as read back: its state and version.
 template <class State>
 struct row {
@@ -257,6 +266,7 @@ public:
         std::type_index event = typeid(void);
         decoder decode;
         apply_fn apply;
+        bool in_place = false;  ///< a throw leaves the state unchanged (noexcept, or strong_guarantee)
     };
 
     virtual ~projection_base() = default;
@@ -319,27 +329,29 @@ public:
     explicit projection(std::string name) : projection_base(std::move(name)) {}
 
     /// Handles events of type `type` decoded as E with fn(State&, const E&[, const meta&]).
+    /// The handler runs on a copy of the row's state, installed only if every handler of the
+    /// event succeeded; a noexcept fn runs on the state itself where the event changes one row.
     template <class E, class F>
     projection& on(std::string type, F fn) & {
-        handler h;
-        h.event = typeid(E);
-        h.decode = &detail::decode_event<E>;
-        h.apply = [fn = std::move(fn)](detail::state_box& state, const void* event, const meta& m) mutable {
-            auto& s = static_cast<detail::typed_state<State>&>(state).value;
-            const auto& e = *static_cast<const E*>(event);
-            if constexpr (std::is_invocable_v<F&, State&, const E&, const meta&>) {
-                fn(s, e, m);
-            } else {
-                fn(s, e);
-            }
-        };
-        handlers_.insert_or_assign(std::move(type), std::move(h));
-        return *this;
+        constexpr bool nothrow = std::is_nothrow_invocable_v<F&, State&, const E&, const meta&> ||
+                                 std::is_nothrow_invocable_v<F&, State&, const E&>;
+        return add_handler<E>(std::move(type), std::move(fn), nothrow);
+    }
+    /// The same for a fn that leaves the state unchanged when it throws (it validates before it
+    /// changes anything): it too runs on the state itself where the event changes one row.
+    template <class E, class F>
+    projection& on(std::string type, F fn, strong_guarantee_t) & {
+        return add_handler<E>(std::move(type), std::move(fn), true);
     }
     /// Handles events of E's own type name (`static constexpr const char* event_type`).
     template <detail::has_event_type E, class F>
     projection& on(F fn) & {
         return on<E>(std::string(E::event_type), std::move(fn));
+    }
+    /// The same with the strong exception guarantee (see strong_guarantee_t).
+    template <detail::has_event_type E, class F>
+    projection& on(F fn, strong_guarantee_t g) & {
+        return on<E>(std::string(E::event_type), std::move(fn), g);
     }
 
     /// Sets which rows an E changes: fn(const E&[, const meta&]) returns a key or a range of keys.
@@ -387,6 +399,12 @@ public:
     projection&& on(std::string type, F fn) && { return std::move(on<E>(std::move(type), std::move(fn))); }
     template <detail::has_event_type E, class F>
     projection&& on(F fn) && { return std::move(on<E>(std::move(fn))); }
+    template <class E, class F>
+    projection&& on(std::string type, F fn, strong_guarantee_t g) && {
+        return std::move(on<E>(std::move(type), std::move(fn), g));
+    }
+    template <detail::has_event_type E, class F>
+    projection&& on(F fn, strong_guarantee_t g) && { return std::move(on<E>(std::move(fn), g)); }
     template <class F>
     projection&& key(F fn) && { return std::move(key(std::move(fn))); }
     template <class F>
@@ -421,6 +439,25 @@ public:
     }
 
 private:
+    template <class E, class F>
+    projection& add_handler(std::string type, F fn, bool in_place) {
+        handler h;
+        h.event = typeid(E);
+        h.in_place = in_place;
+        h.decode = &detail::decode_event<E>;
+        h.apply = [fn = std::move(fn)](detail::state_box& state, const void* event, const meta& m) mutable {
+            auto& s = static_cast<detail::typed_state<State>&>(state).value;
+            const auto& e = *static_cast<const E*>(event);
+            if constexpr (std::is_invocable_v<F&, State&, const E&, const meta&>) {
+                fn(s, e, m);
+            } else {
+                fn(s, e);
+            }
+        };
+        handlers_.insert_or_assign(std::move(type), std::move(h));
+        return *this;
+    }
+
     detail::migrations migrations_;
 };
 
