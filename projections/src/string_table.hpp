@@ -32,10 +32,16 @@ public:
     /// The same with key's hash computed ahead.
     std::pair<entry*, bool> try_emplace(std::string_view key, std::uint64_t hash) {
         if (const auto k = index_of(key, hash); k != slot_index::npos) return {&entries_[k], false};
-        slots_.insert(entries_.size(), hash, [&](std::size_t i) { return entries_[i].hash; });
+        // The entry first, then its slot: a throw on the way leaves no slot without its entry.
         auto& e = entries_.emplace_back();
-        e.key.assign(key);
-        e.hash = hash;
+        try {
+            e.key.assign(key);
+            e.hash = hash;
+            slots_.insert(entries_.size() - 1, hash, [&](std::size_t i) { return entries_[i].hash; });
+        } catch (...) {
+            entries_.pop_back();
+            throw;
+        }
         return {&e, true};
     }
     /// Returns the entry for key (hash_of(key) computed ahead), or null.

@@ -113,12 +113,14 @@ void connection::flush(std::chrono::milliseconds timeout) {
     check_nats(natsConnection_FlushTimeout(nc_, timeout.count()), "flushing to NATS at '" + servers_text_ + "'");
 }
 
-void connection::release(natsSubscription* sub) const noexcept {
-    if (sub == nullptr) return;
-    natsSubscription_Unsubscribe(sub);
-    // Disconnected: the reader thread is not handing out messages; the flush fails at once.
-    (void)natsConnection_FlushTimeout(nc_, 5000);
-    natsSubscription_Destroy(sub);
+void connection::release(std::initializer_list<natsSubscription*> subs) const noexcept {
+    for (auto* sub : subs) {
+        if (sub != nullptr) natsSubscription_Unsubscribe(sub);
+    }
+    if (natsConnection_Status(nc_) == NATS_CONN_STATUS_CONNECTED) (void)natsConnection_FlushTimeout(nc_, 5000);
+    for (auto* sub : subs) {
+        if (sub != nullptr) natsSubscription_Destroy(sub);
+    }
 }
 
 stream_info_ptr stream_info(const connection& c, const std::string& stream) {

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -59,12 +60,14 @@ public:
     /// Sends a PING and waits for its PONG: every message published (acks included) before it
     /// has been processed by the server. Throws on timeout.
     void flush(std::chrono::milliseconds timeout);
-    /// Unsubscribes sub and destroys it once this connection's reader thread can no longer be
-    /// handing it a message: cnats before 3.6.1 (Debian 12 has 3.4.1) looks a message's
-    /// subscription up, lets go of its lock and only then locks the subscription, so destroying
-    /// it in between is a use-after-free (nats.c issue 637). A flush after the unsubscribe has
-    /// the reader thread past every message the server sent before the unsubscribe reached it.
-    void release(natsSubscription* sub) const noexcept;
+    /// Unsubscribes subs (null ones skipped) and destroys them once this connection's reader
+    /// thread can no longer be handing them a message: cnats before 3.6.1 (Debian 12 has 3.4.1)
+    /// looks a message's subscription up, lets go of its lock and only then locks the
+    /// subscription, so destroying it in between is a use-after-free (nats.c issue 637). One
+    /// flush after the unsubscribes has the reader thread past every message the server sent
+    /// before they reached it; while disconnected the reader thread hands out nothing, and the
+    /// flush (which would wait for a reconnect) is skipped.
+    void release(std::initializer_list<natsSubscription*> subs) const noexcept;
 
 private:
     natsOptions* opts_ = nullptr;

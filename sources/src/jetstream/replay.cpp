@@ -46,7 +46,7 @@ public:
         check_nats(js_PullSubscribe(&sub_, c.js(), r.filter_subject.c_str(), nullptr, nullptr, &so, &jerr),
                    "creating a replay consumer of '" + r.filter_subject + "' in stream '" + r.stream + "'", jerr);
     }
-    ~replay_subscription() { conn_.release(sub_); }
+    ~replay_subscription() { conn_.release({sub_}); }
     replay_subscription(const replay_subscription&) = delete;
     replay_subscription& operator=(const replay_subscription&) = delete;
 

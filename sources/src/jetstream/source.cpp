@@ -449,8 +449,7 @@ source_result source::run(engine& e) {
             std::scoped_lock gate_lock{gate->m};
             gate->target = nullptr;  // a callback still running on cnats' thread no longer reaches s
         }
-        s.conn->release(advisories);
-        s.conn->release(sub);
+        s.conn->release({advisories, sub});
     };
 
     try {

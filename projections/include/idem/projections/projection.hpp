@@ -333,8 +333,10 @@ public:
     /// event succeeded; a noexcept fn runs on the state itself where the event changes one row.
     template <class E, class F>
     projection& on(std::string type, F fn) & {
-        constexpr bool nothrow = std::is_nothrow_invocable_v<F&, State&, const E&, const meta&> ||
-                                 std::is_nothrow_invocable_v<F&, State&, const E&>;
+        // Of the call add_handler makes: with meta where fn takes it.
+        constexpr bool nothrow = std::is_invocable_v<F&, State&, const E&, const meta&>
+                                     ? std::is_nothrow_invocable_v<F&, State&, const E&, const meta&>
+                                     : std::is_nothrow_invocable_v<F&, State&, const E&>;
         return add_handler<E>(std::move(type), std::move(fn), nothrow);
     }
     /// The same for a fn that leaves the state unchanged when it throws (it validates before it
