@@ -57,7 +57,7 @@ outcome store::apply(const delivery& d) { return apply(std::span<const delivery>
 std::vector<outcome> store::impl::run(const prepared_batch& prepared, std::span<const checkpoint> at) {
     crash_point("after_decode");
     write_txn txn{*env};
-    detail::batch_run run{*this, txn};
+    detail::batch_run run{*this, txn, detail::batch_run::kind::live};
     auto outcomes = run.deliver_all(prepared.items_, at);
     prune_steps pruned;
     prune_in_batch(txn, run, pruned);  // expired entries leave with the batch's own commit
@@ -65,6 +65,7 @@ std::vector<outcome> store::impl::run(const prepared_batch& prepared, std::span<
     detail::before_commit(options, run.commit());
     crash_point("before_commit");
     txn.commit();
+    kept.commit = run.commit();  // the rows it kept are now this commit's
     crash_point("after_commit");
     forget_pruned(pruned);
     ids->committed();
@@ -74,7 +75,14 @@ std::vector<outcome> store::impl::run(const prepared_batch& prepared, std::span<
 
 namespace detail {
 
-batch_run::batch_run(store::impl& s, write_txn& txn, bool bulk) : s_(s), txn_(txn), bulk_(bulk) {
+batch_run::batch_run(store::impl& s, write_txn& txn, kind k)
+    : s_(s),
+      txn_(txn),
+      bulk_(k == kind::bulk),
+      live_(k == kind::live),
+      kept_(live_ ? s_.kept : own_),
+      rows_(kept_.rows),
+      streams_(kept_.streams) {
     s_.ids->catch_up(txn_);
     s_.event_ids->clear();
     for (auto& c : s_.contributors) c->catch_up(txn_);
@@ -83,13 +91,22 @@ batch_run::batch_run(store::impl& s, write_txn& txn, bool bulk) : s_(s), txn_(tx
         if (bulk_) s_.journals[p]->fold_all(txn_, s_.tables[p]);
     }
     if (auto v = txn_.get(s_.meta, layout::commit_key); v && v->size() >= 8) commit_ = codec::get_u64_le(*v) + 1;
+    // Kept rows are the state of the commit they were kept at: any commit since was not the live
+    // writer's (another process, an operator action), and a bulk build or an operator action may
+    // change rows they hold. Past their budget they go too, and are read again as needed.
+    if (!live_ || s_.kept.commit + 1 != commit_ || s_.kept.row_bytes + s_.kept.stream_bytes > s_.options.kept_rows_bytes) s_.kept.clear();
     stats = layout::decode_stats(txn_.get(s_.meta, layout::stats_key(s_.options.consumer)));
     clock_ = layout::decode_clock(txn_.get(s_.meta, layout::clock_key(s_.options.consumer)));
     for (const auto& p : s_.projections) {
         contrib_floors_.push_back(layout::u64_or_zero(txn_.get(s_.meta, layout::contrib_floor_key(p->name()))));
     }
-    cursor c{txn_, s_.parked};
-    parked_in_table_ = parked_possible_ = c.first().has_value();
+    const auto parked = txn_.entries(s_.parked);
+    parked_possible_ = parked != 0;
+    // An empty table: from here on every parked event is counted by its stream while they are
+    // kept, as long as the table holds what they count (nothing else parked or released one).
+    if (live_ && parked != kept_.parked_entries) kept_.parked_counted = false;
+    if (live_ && parked == 0) kept_.parked_counted = true;
+    parked_in_table_ = parked_possible_ && !kept_.parked_counted;
 }
 
 std::vector<outcome> batch_run::deliver_all(std::span<const std::unique_ptr<prepared_batch::item>> batch,
@@ -242,7 +259,8 @@ outcome batch_run::process(const item& d, bool future) {
                     describe(ev) + ": subject of " + std::to_string(ev.subject.size()) +
                         " bytes is too long to track its stream (limit ~500 bytes)");
     }
-    auto& st = stream(ev.subject, d.subject_hash);  // a reference into a deque: stable while the batch runs
+    auto& entry = stream(ev.subject, d.subject_hash);  // a reference into a deque: stable while the batch runs
+    auto& st = entry.value;
     const auto highest = st.highest;
     if (seq <= highest) {
         return outcome{outcome_kind::duplicate_event, reason::none,
@@ -280,7 +298,7 @@ outcome batch_run::process(const item& d, bool future) {
     // holding every later event of the stream behind it would stall the aggregate.
     auto result = future ? future_event(d) : apply_projections(d);
     st.highest = std::max(highest, seq);
-    st.dirty = true;
+    mark_dirty(entry);
     // A released event's successors are released by the loop that released it.
     if (!d.from_store) release_parked(ev.subject, st);
     return result;
@@ -341,13 +359,13 @@ outcome batch_run::apply_projections(const item& d) {
                                 std::to_string(effect ? effect->size() : ev.event_id().size()) +
                                 " bytes) exceeds LMDB's " + std::to_string(limit) + "-byte key limit");
             }
-            row_slot* loaded = nullptr;
+            row_entry* loaded = nullptr;
             try {
                 loaded = &load_row(p, key, pt.key_hashes[k]);
             } catch (const migration_failed& e) {
                 return dead(d, reason::upcast_failed, describe(ev) + ", row '" + layout::truncate(key) + "': " + e.what());
             }
-            auto& slot = *loaded;
+            auto& slot = loaded->value;
             const bool own_stream = ev.sequence && key == ev.subject;
             if (own_stream && *ev.sequence <= slot.header.highest_sequence) continue;
             if (holds(p, contributor, pt.contributor_hashes[k])) continue;
@@ -361,7 +379,7 @@ outcome batch_run::apply_projections(const item& d) {
                             describe(ev) + ", projection '" + proj.name() + "', row '" + layout::truncate(key) +
                                 "': handler threw: " + e.what());
             }
-            staged.push_back(staged_change{p, &slot, std::move(copy), &contributor, pt.contributor_hashes[k], own_stream});
+            staged.push_back(staged_change{p, loaded, std::move(copy), &contributor, pt.contributor_hashes[k], own_stream});
         }
     }
     if (!handled) {
@@ -379,10 +397,11 @@ outcome batch_run::apply_projections(const item& d) {
     // entries carry the event time (the horizon prunes by it), or the consumer's without one.
     const auto stamp = d.time_ns.value_or(clock_.event_time);  // prepare parsed ev.time
     for (auto& c : staged) {
-        if (c.state) std::swap(c.slot->state, c.state);  // the row's previous state becomes a spare in unstage()
-        c.slot->header.applied += 1;
-        if (c.own_stream) c.slot->header.highest_sequence = std::max(c.slot->header.highest_sequence, *ev.sequence);
-        c.slot->dirty = true;
+        auto& slot = c.row->value;
+        if (c.state) std::swap(slot.state, c.state);  // the row's previous state becomes a spare in unstage()
+        slot.header.applied += 1;
+        if (c.own_stream) slot.header.highest_sequence = std::max(slot.header.highest_sequence, *ev.sequence);
+        mark_dirty(c.projection, *c.row);
         s_.contributors[c.projection]->stage(*c.contributor, stamp, c.contributor_hash);
     }
     unstage();
@@ -418,9 +437,11 @@ void batch_run::finish() {
     write_dead_letters();
     write_collisions();
     std::vector<std::pair<std::string_view, std::uint64_t>> dirty_streams;
-    for (const auto& e : streams_.entries()) {
-        if (e.value.dirty) dirty_streams.emplace_back(e.key, e.value.highest);
+    for (auto* e : dirty_streams_) {
+        dirty_streams.emplace_back(e->key, e->value.highest);
+        e->value.dirty = false;
     }
+    dirty_streams_.clear();
     std::sort(dirty_streams.begin(), dirty_streams.end());
     for (const auto& [subject, highest] : dirty_streams) {
         value.clear();
@@ -434,6 +455,7 @@ void batch_run::finish() {
             txn_.del(s_.parked, key);
         }
     }
+    if (live_) kept_.parked_entries = txn_.entries(s_.parked);
     for (const auto& [source, stored] : checkpoints_) txn_.put(s_.checkpoints, source, stored);
     stats.batches += 1;
     txn_.put(s_.meta, layout::stats_key(s_.options.consumer), layout::encode_stats(stats));
@@ -451,11 +473,9 @@ void batch_run::write_rows() {
         row_slot* slot;
     };
     std::vector<dirty_row> dirty;
-    for (std::size_t p = 0; p < rows_.size(); ++p) {
-        for (auto& e : rows_[p].entries()) {
-            if (e.value.dirty) dirty.push_back({{p, codec::row_key(e.key)}, e.hash, &e.value});
-        }
-    }
+    dirty.reserve(dirty_rows_.size());
+    for (auto [p, e] : dirty_rows_) dirty.push_back({{p, codec::row_key(e->key)}, e->hash, &e->value});
+    dirty_rows_.clear();
     std::sort(dirty.begin(), dirty.end(), [](const auto& a, const auto& b) { return a.id < b.id; });
     std::string state;
     std::size_t table = SIZE_MAX;
@@ -619,9 +639,9 @@ outcome batch_run::dead(const item& d, reason why, std::string detail, std::stri
 
 // --- what the batch reads through its own state --------------------------------------------------
 
-batch_run::row_slot& batch_run::load_row(std::size_t p, const std::string& key, std::uint64_t hash) {
+row_entry& batch_run::load_row(std::size_t p, const std::string& key, std::uint64_t hash) {
     if (rows_.size() <= p) rows_.resize(s_.projections.size());
-    if (auto* cached = rows_[p].find(key, hash)) return cached->value;
+    if (auto* cached = rows_[p].find(key, hash)) return *cached;
     // Read first, then keep: a row whose state cannot be read (a migration that throws) leaves
     // no slot behind.
     const auto& proj = *s_.projections[p];
@@ -637,22 +657,35 @@ batch_run::row_slot& batch_run::load_row(std::size_t p, const std::string& key, 
         read.header.state_version = proj.state_version();
         read.state = proj.make_state();
     }
-    auto& slot = rows_[p].try_emplace(key, hash).first->value;
-    slot = std::move(read);
-    row_bytes_ += 2 * key.size() + 192;
-    return slot;
+    auto& entry = *rows_[p].try_emplace(key, hash).first;
+    entry.value = std::move(read);
+    kept_.row_bytes += 2 * key.size() + 192;
+    return entry;
 }
 
-batch_run::stream_state& batch_run::stream(const std::string& subject) {
+stream_entry& batch_run::stream(const std::string& subject) {
     return stream(subject, string_table<stream_state>::hash_of(subject));
 }
 
-batch_run::stream_state& batch_run::stream(const std::string& subject, std::uint64_t hash) {
+stream_entry& batch_run::stream(const std::string& subject, std::uint64_t hash) {
     auto [entry, inserted] = streams_.try_emplace(subject, hash);
     if (inserted) {
         if (auto v = txn_.get(s_.streams, subject); v && v->size() >= 8) entry->value.highest = codec::get_u64_le(*v);
+        kept_.stream_bytes += 2 * subject.size() + 64;
     }
-    return entry->value;
+    return *entry;
+}
+
+void batch_run::mark_dirty(std::size_t p, row_entry& row) {
+    if (row.value.dirty) return;
+    dirty_rows_.emplace_back(p, &row);
+    row.value.dirty = true;
+}
+
+void batch_run::mark_dirty(stream_entry& stream) {
+    if (stream.value.dirty) return;
+    dirty_streams_.push_back(&stream);
+    stream.value.dirty = true;
 }
 
 std::optional<std::string> batch_run::parked_value(const std::string& key) const {

@@ -36,7 +36,7 @@ void store::begin_bulk(std::size_t memory_budget) {
     if (s.bulk) throw_error(errc::invalid_argument, "begin_bulk: a bulk build is already running");
     s.bulk_txn = std::make_unique<write_txn>(*s.env);
     try {
-        s.bulk = std::make_unique<detail::batch_run>(s, *s.bulk_txn, true);
+        s.bulk = std::make_unique<detail::batch_run>(s, *s.bulk_txn, detail::batch_run::kind::bulk);
         s.bulk_budget = memory_budget;
         s.index_pages(true);
     } catch (...) {
@@ -78,10 +78,10 @@ void batch_run::spill(std::size_t budget) {
     s_.event_ids->write(txn_);
     write_dead_letters();
     write_collisions();
-    if (row_bytes_ > budget) {
+    if (kept_.row_bytes > budget) {
         write_rows();
         for (auto& t : rows_) t.clear();
-        row_bytes_ = 0;
+        kept_.row_bytes = 0;
     }
 }
 

@@ -85,6 +85,7 @@ void store::impl::open_projection(const projection_base& p) {
 }
 
 void store::impl::rolled_back() {
+    kept.clear();  // a failed batch may have changed them
     ids->rolled_back();
     for (auto& c : contributors) c->rolled_back();
     for (auto& j : journals) j->rolled_back();

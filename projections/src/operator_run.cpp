@@ -36,20 +36,20 @@ public:
         run_.dead(taken_back(message_id, body), why, std::move(detail));
     }
     void write_dead_letters() override { run_.write_dead_letters(); }
-    std::uint64_t stream_highest(const std::string& subject) override { return run_.stream(subject).highest; }
+    std::uint64_t stream_highest(const std::string& subject) override { return run_.stream(subject).value.highest; }
     void release_after(const std::string& subject, std::uint64_t highest) override {
         set_stream(subject, highest);
-        run_.release_parked(subject, run_.stream(subject));
+        run_.release_parked(subject, run_.stream(subject).value);
     }
     void set_stream(const std::string& subject, std::uint64_t highest) override {
-        auto& st = run_.stream(subject);
-        st.highest = highest;
-        st.dirty = true;
+        auto& entry = run_.stream(subject);
+        entry.value.highest = highest;
+        run_.mark_dirty(entry);
     }
     void unpark(const std::string& key) override { run_.parked_[key] = std::nullopt; }
     bool is_parked(const std::string& key) const override { return run_.parked_value(key).has_value(); }
     void rewrite_row(std::size_t projection, const std::string& key) override {
-        run_.load_row(projection, key, string_table<batch_run::row_slot>::hash_of(key)).dirty = true;
+        run_.mark_dirty(projection, run_.load_row(projection, key, string_table<row_slot>::hash_of(key)));
     }
 
 private:
@@ -69,7 +69,7 @@ private:
 
 void store::impl::run_operator(const std::function<bool(detail::operator_session&)>& fn) {
     write_txn txn{*env};
-    detail::batch_run run{*this, txn};
+    detail::batch_run run{*this, txn, detail::batch_run::kind::operator_action};
     detail::operator_run op{run};
     if (!fn(op)) {
         rolled_back();  // aborted by txn's destructor

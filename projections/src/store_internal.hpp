@@ -45,6 +45,45 @@ namespace idem {
 
 namespace detail {
 class batch_run;
+
+/// A row as the writer holds it: decoded, changed by handlers, written at a batch's finish.
+struct row_slot {
+    codec::row_header header;
+    std::unique_ptr<detail::state_box> state;
+    bool dirty = false;  // changed by the running batch: its finish writes it
+};
+/// An event subject's stream as the writer holds it.
+struct stream_state {
+    std::uint64_t highest = 0;
+    bool dirty = false;
+    std::uint32_t parked = 0;  // its events parked and not released yet (counted by the writer)
+};
+using row_entry = string_table<row_slot>::entry;
+using stream_entry = string_table<stream_state>::entry;
+
+/// Rows and streams decoded by the writer, and what they hold; a batch run reads through them.
+/// The live writer keeps them from one batch to the next (docs/DESIGN.md, "Rows kept between
+/// batches"): they are valid as of one commit, and dropped whenever anything else may have
+/// written the store since (another writer, an operator action, a bulk build, a failed batch).
+struct kept_rows {
+    std::deque<string_table<row_slot>> rows;  // per projection
+    string_table<stream_state> streams;
+    std::uint64_t commit = 0;  // the commit they are the state of (0: none yet)
+    /// Every event in the parked table was parked through these streams: their counts say which
+    /// streams wait, and the others need no look at the table.
+    bool parked_counted = false;
+    std::size_t parked_entries = 0;  // the parked table's entries at that commit
+    std::size_t row_bytes = 0;     // an estimate of the memory rows hold
+    std::size_t stream_bytes = 0;  // and streams
+    void clear() {
+        rows.clear();
+        streams.clear();
+        commit = 0;
+        parked_counted = false;
+        parked_entries = 0;
+        row_bytes = stream_bytes = 0;
+    }
+};
 }  // namespace detail
 
 /// One delivery, parsed and decoded ahead of the writer.
@@ -106,6 +145,7 @@ struct store::impl {
     std::unique_ptr<write_txn> bulk_txn;
     std::unique_ptr<detail::batch_run> bulk;
     std::size_t bulk_budget = 0;
+    detail::kept_rows kept;  // the rows and streams the last live batch left decoded
 
     // consumer_tables.cpp
     /// Opens the environment's meta table and checks (or writes) the storage format.
@@ -181,10 +221,13 @@ class batch_run {
     friend class operator_run;
 
 public:
+    /// What the run is: a live batch (it reads through the rows the last one kept, and keeps its
+    /// own), a bulk build (it writes rows straight into the row tables, folding the journals in
+    /// first) or an operator action.
+    enum class kind { live, bulk, operator_action };
     /// Starts on a fresh write transaction: catches the id indexes up with other writers and
     /// reads the consumer's counters and the number this batch will commit as.
-    /// A bulk build writes rows straight into the row tables (it folds the journals in first).
-    batch_run(store::impl& s, write_txn& txn, bool bulk = false);
+    batch_run(store::impl& s, write_txn& txn, kind k);
 
     /// Applies deliveries in order and returns their outcomes; at is where they were read from
     /// (dead letters name a single log source) and becomes each source's checkpoint at finish().
@@ -207,25 +250,14 @@ public:
     }
 
 private:
-    struct row_slot {
-        codec::row_header header;
-        std::unique_ptr<detail::state_box> state;
-        bool dirty = false;
-    };
     struct staged_change {
         std::size_t projection;
-        row_slot* slot;
+        row_entry* row;
         std::unique_ptr<detail::state_box> state;  // the changed copy (null: changed in place)
         const std::string* contributor;
         std::uint64_t contributor_hash;
         bool own_stream;
     };
-    struct stream_state {
-        std::uint64_t highest = 0;
-        bool dirty = false;
-        std::uint32_t parked = 0;  // events of the stream this run parked and has not released yet
-    };
-
     using item = prepared_batch::item;
 
     // In the order a delivery meets them; a released parked event enters at process(), future
@@ -255,29 +287,36 @@ private:
     outcome dead(const item& d, reason why, std::string detail) { return dead(d, why, std::move(detail), d.message_id); }
     outcome dead(const item& d, reason why, std::string detail, std::string_view message_id);
     // What the batch reads through its own state.
-    row_slot& load_row(std::size_t p, const std::string& key, std::uint64_t hash);
-    stream_state& stream(const std::string& subject);
-    stream_state& stream(const std::string& subject, std::uint64_t hash);  // hash: string_table's, computed ahead
+    row_entry& load_row(std::size_t p, const std::string& key, std::uint64_t hash);
+    stream_entry& stream(const std::string& subject);
+    stream_entry& stream(const std::string& subject, std::uint64_t hash);  // hash: string_table's, computed ahead
+    // What finish() writes: marked once per batch, however often changed.
+    void mark_dirty(std::size_t p, row_entry& row);
+    void mark_dirty(stream_entry& stream);
     std::optional<std::string> parked_value(const std::string& key) const;
     std::string parked_event_id(std::string_view value) const;
 
     store::impl& s_;
     write_txn& txn_;
     bool bulk_ = false;
+    bool live_ = false;
     std::uint64_t time_ns_ = s_.wall_now();
     layout::clock_record clock_;                 // the consumer's event time and inbox floor
     std::uint64_t clock_before_ = 0;             // the event time before the delivery being applied
     std::vector<std::uint64_t> contrib_floors_;  // per projection: its contributing sets were pruned below this
-    std::deque<string_table<row_slot>> rows_;    // per projection: the rows this batch touched
-    string_table<stream_state> streams_;
+    kept_rows own_;  // a bulk build's or an operator action's: they leave nothing for the next batch
+    kept_rows& kept_;  // the live writer's (store::impl::kept), else own_
+    std::deque<string_table<row_slot>>& rows_;  // per projection: kept_.rows
+    string_table<stream_state>& streams_;       // kept_.streams
+    std::vector<std::pair<std::size_t, row_entry*>> dirty_rows_;  // projection, row: what this batch changed
+    std::vector<stream_entry*> dirty_streams_;
     bool parked_possible_ = false;  // the parked table or this batch holds an event: release_parked must look
-    // The parked table held events when the run began: which streams wait is known only by
-    // looking. Without, a stream waits only for what this run parked (stream_state::parked).
+    // The parked table held events the streams did not count when the run began: which streams
+    // wait is known only by looking. Without, a stream waits only for what it counts.
     bool parked_in_table_ = false;
     std::map<std::string, std::optional<std::string>> parked_;  // nullopt: deleted in this batch
     std::vector<std::string> dead_letters_;
     std::vector<std::string> collisions_;  // transport collisions seen, encoded as dead letters are
-    std::size_t row_bytes_ = 0;            // an estimate of the memory rows_ holds
     // The changes of the event being applied, and per projection the state boxes they left
     // behind: a handler runs on a copy, and copying into a spare box allocates nothing.
     std::vector<staged_change> staged_;

@@ -11,6 +11,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -82,19 +83,31 @@ TEST_CASE("any delivery order with duplicates gives the rows of applying each di
         std::mt19937_64 rng{seed * 7919 + (sequences ? 1 : 0)};
         const auto s = generate(rng, sequences);
 
+        // The rows the writer keeps between batches: the default budget, none, or a few rows'
+        // worth (dropped every few batches); and now and then a new store object.
         temp_dir dir;
-        idem::store store{options(dir.env())};
-        store.add(totals_by_subject());
+        auto o = options(dir.env());
+        const std::size_t budgets[] = {o.kept_rows_bytes, 0, 600};
+        o.kept_rows_bytes = budgets[seed % 3];
+        std::optional<idem::store> open;
+        auto reopen = [&] {
+            open.reset();
+            open.emplace(o);
+            open->add(totals_by_subject());
+        };
+        reopen();
 
         std::map<outcome_kind, std::size_t> outcomes;
         std::size_t batches = 0;
         for (std::size_t at = 0; at < s.deliveries.size();) {
             const auto n = std::min(pick(rng, 1, 64), s.deliveries.size() - at);
             const std::span<const idem::delivery> batch{s.deliveries.data() + at, n};
-            for (const auto& o : store.apply(batch)) ++outcomes[o.kind];
+            for (const auto& outcome : open->apply(batch)) ++outcomes[outcome.kind];
             at += n;
             ++batches;
+            if (pick(rng, 0, 9) == 0) reopen();
         }
+        auto& store = *open;
 
         auto snap = store.read();
         REQUIRE(dump(snap, "order-streams") == s.ref.rows);

@@ -175,6 +175,10 @@ struct store_options {
     /// key order later (see docs/DESIGN.md "Row journal"); the journal is frozen for folding once
     /// it holds this many entries. 0: automatic (16 per leaf page of the row table, at least 1024).
     std::size_t journal_rows = 0;
+    /// The writer keeps the rows and streams it decoded from one batch to the next, up to about
+    /// this many bytes (past it they are dropped before the next batch and read again as needed;
+    /// docs/DESIGN.md, "Rows kept between batches"). 0: every batch reads its rows from the store.
+    std::size_t kept_rows_bytes = std::size_t{64} << 20;
     /// Called inside every write transaction right before it commits (batches, operator actions,
     /// a bulk build's end): throwing aborts the transaction, so nothing of it is committed. A
     /// partition owner throws errc::lease_lost here once its lease may have expired (fencing).
