@@ -9,11 +9,15 @@
 //                               transaction, durability::full: idem batched exactly as the
 //                               textbook peers are
 //   rebuild-binary, rebuild-jsonl  idem::rebuild from the binary log / from JSON Lines
+//   consume-binary, consume-jsonl  idem::consume (`idem consume --log`) of the same logs into
+//                               an empty store: the live path, durability::full, batches of
+//                               the library's default size
 //   hot-row                     the apply cost of a row with many contributors against
 //                               a row with 10 (a figure, not the workload)
 
 #include "compare.hpp"
 
+#include <idem/sources/consume.hpp>
 #include <idem/sources/rebuild.hpp>
 #include <idem/idem.hpp>
 
@@ -185,21 +189,35 @@ run_result run_apply(const run_options& o, std::size_t per_txn) {
     return r;
 }
 
-// --- rebuild ---------------------------------------------------------------------
+// --- rebuild and consume -------------------------------------------------------------
 
-run_result run_rebuild(const run_options& o, const std::filesystem::path& log) {
-    if (o.limit != 0) throw std::runtime_error("the rebuild reads whole logs (no --limit)");
+enum class log_path { rebuild, consume };
+
+// A whole log through idem::rebuild (one bulk build, one sync) or idem::consume (the live
+// path: each batch a durable commit with the log's position as its checkpoint).
+run_result run_log(const run_options& o, const std::filesystem::path& log, log_path how) {
+    if (o.limit != 0) throw std::runtime_error("rebuild and consume read whole logs (no --limit)");
     run_result r;
     const auto db = o.dir / "db";
-    idem::rebuild_options ro;
-    ro.store.path = db;
-    ro.store.consumer = consumer;
-    ro.logs = {log};
-    ro.setup = [](idem::store& s) { s.add(idem_bench::order_totals_projection()); };
-
+    auto apply = [&](idem::log_run_options& lo) {
+        lo.store.path = db;
+        lo.store.consumer = consumer;
+        lo.logs = {log};
+        lo.setup = [](idem::store& s) { s.add(idem_bench::order_totals_projection()); };
+    };
     const auto io_before = idem_bench::read_io();
     const auto start = clock_type::now();
-    const auto result = idem::rebuild(ro);
+    idem::log_run_result result;
+    if (how == log_path::rebuild) {
+        idem::rebuild_options ro;
+        apply(ro);
+        result = idem::rebuild(ro);
+    } else {
+        idem::consume_options co;
+        apply(co);
+        result = idem::consume(co);
+        r.figures.emplace_back("syncs", std::to_string(result.stats.batches));  // a durable commit per batch
+    }
     r.seconds = seconds_since(start);
     const auto io_after = idem_bench::read_io();
     r.write_bytes = io_after.write_bytes - io_before.write_bytes;
@@ -287,8 +305,10 @@ int main(int argc, char** argv) {
                         {"live-256-retention",
                          [](const run_options& o) { return run_live(o, 256, std::chrono::seconds(2)); }},
                         {"apply-1000", [](const run_options& o) { return run_apply(o, 1000); }},
-                        {"rebuild-binary", [](const run_options& o) { return run_rebuild(o, o.log); }},
-                        {"rebuild-jsonl", [](const run_options& o) { return run_rebuild(o, o.jsonl); }},
+                        {"rebuild-binary", [](const run_options& o) { return run_log(o, o.log, log_path::rebuild); }},
+                        {"rebuild-jsonl", [](const run_options& o) { return run_log(o, o.jsonl, log_path::rebuild); }},
+                        {"consume-binary", [](const run_options& o) { return run_log(o, o.log, log_path::consume); }},
+                        {"consume-jsonl", [](const run_options& o) { return run_log(o, o.jsonl, log_path::consume); }},
                         {"hot-row", run_hot_row},
                     });
 }
