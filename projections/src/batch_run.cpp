@@ -107,6 +107,11 @@ batch_run::batch_run(store::impl& s, write_txn& txn, kind k)
     if (live_ && parked != kept_.parked_entries) kept_.parked_counted = false;
     if (live_ && parked == 0) kept_.parked_counted = true;
     parked_in_table_ = parked_possible_ && !kept_.parked_counted;
+    // Likewise the streams: kept from an empty table on, they are all of them (a store being
+    // filled from a log looks up no new subject in the table).
+    const auto streams = txn_.entries(s_.streams);
+    if (live_ && streams != kept_.stream_entries) kept_.streams_complete = false;
+    if (live_ && streams == 0) kept_.streams_complete = true;
 }
 
 std::vector<outcome> batch_run::deliver_all(std::span<const std::unique_ptr<prepared_batch::item>> batch,
@@ -455,7 +460,10 @@ void batch_run::finish() {
             txn_.del(s_.parked, key);
         }
     }
-    if (live_) kept_.parked_entries = txn_.entries(s_.parked);
+    if (live_) {
+        kept_.parked_entries = txn_.entries(s_.parked);
+        kept_.stream_entries = txn_.entries(s_.streams);
+    }
     for (const auto& [source, stored] : checkpoints_) txn_.put(s_.checkpoints, source, stored);
     stats.batches += 1;
     txn_.put(s_.meta, layout::stats_key(s_.options.consumer), layout::encode_stats(stats));
@@ -670,7 +678,11 @@ stream_entry& batch_run::stream(const std::string& subject) {
 stream_entry& batch_run::stream(const std::string& subject, std::uint64_t hash) {
     auto [entry, inserted] = streams_.try_emplace(subject, hash);
     if (inserted) {
-        if (auto v = txn_.get(s_.streams, subject); v && v->size() >= 8) entry->value.highest = codec::get_u64_le(*v);
+        if (kept_.streams_complete) {
+            // Not kept: not in the table either.
+        } else if (auto v = txn_.get(s_.streams, subject); v && v->size() >= 8) {
+            entry->value.highest = codec::get_u64_le(*v);
+        }
         kept_.stream_bytes += 2 * subject.size() + 64;
     }
     return *entry;

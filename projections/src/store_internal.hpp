@@ -73,6 +73,9 @@ struct kept_rows {
     /// streams wait, and the others need no look at the table.
     bool parked_counted = false;
     std::size_t parked_entries = 0;  // the parked table's entries at that commit
+    /// Every stream in the streams table is here: one that is not has no entry to read.
+    bool streams_complete = false;
+    std::size_t stream_entries = 0;  // the streams table's entries at that commit
     std::size_t row_bytes = 0;     // an estimate of the memory rows hold
     std::size_t stream_bytes = 0;  // and streams
     void clear() {
@@ -81,6 +84,8 @@ struct kept_rows {
         commit = 0;
         parked_counted = false;
         parked_entries = 0;
+        streams_complete = false;
+        stream_entries = 0;
         row_bytes = stream_bytes = 0;
     }
 };

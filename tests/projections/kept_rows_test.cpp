@@ -3,6 +3,10 @@
 // it since the commit they were kept at. Each case would give wrong rows with stale ones.
 
 #include <idem/projections/store.hpp>
+#include <idem/projections/layout.hpp>
+#include <idem/projections/store_hooks.hpp>
+#include <idem/storage/codec.hpp>
+#include <idem/storage/lmdb.hpp>
 
 #include "fixtures.hpp"
 
@@ -109,6 +113,25 @@ TEST_CASE("events parked in one batch are released by a later one, kept or read 
     CHECK(dump(store->read(), "order-streams") == ref.rows);
     CHECK(store->read().consumer(consumer).parked() == 0);
     CHECK(store->read().consumer(consumer).stats().released == 2);
+}
+
+TEST_CASE("a stream written into the table behind the writer's back is read, not assumed absent") {
+    temp_dir dir;
+    idem::store store{options(dir.env())};
+    store.add(totals_by_subject());
+    // Unsequenced: the streams table stays empty, so the writer knows every stream in it.
+    REQUIRE(store.apply(deliver(line("line-0", "order-1", 1))).kind == outcome_kind::applied);
+    {
+        std::string highest;
+        idem::codec::put_u64_le(highest, 5);
+        auto& env = *idem::detail::store_env(store);
+        idem::write_txn txn{env};
+        txn.put(env.table(idem::layout::streams_table(consumer)), "order-1", highest);
+        txn.commit();
+    }
+    // The table no longer holds what the writer kept: order-1 is at 5, so 3 was applied before.
+    CHECK(store.apply(deliver(line("line-3", "order-1", 30, 3))).kind == outcome_kind::duplicate_event);
+    CHECK(store.apply(deliver(line("line-6", "order-1", 60, 6))).kind == outcome_kind::applied);
 }
 
 }  // TEST_SUITE
