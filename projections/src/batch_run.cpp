@@ -498,6 +498,10 @@ void batch_run::write_rows() {
         value.clear();
         codec::encode_row(value, slot->header, state);
         slot->dirty = false;
+        if (value.size() > slot->counted) {
+            kept_.row_bytes += value.size() - slot->counted;
+            slot->counted = static_cast<std::uint32_t>(std::min<std::size_t>(value.size(), UINT32_MAX));
+        }
         if (!bulk_) {
             s_.journals[id.first]->append(txn_, id.second, value, hash);
             ++journaled[id.first];
@@ -665,9 +669,11 @@ row_entry& batch_run::load_row(std::size_t p, const std::string& key, std::uint6
         read.header.state_version = proj.state_version();
         read.state = proj.make_state();
     }
+    // Its encoded size stands in for its decoded state's (grown by write_rows as it grows).
+    read.counted = record ? static_cast<std::uint32_t>(std::min<std::size_t>(record->size(), UINT32_MAX)) : 0;
     auto& entry = *rows_[p].try_emplace(key, hash).first;
     entry.value = std::move(read);
-    kept_.row_bytes += 2 * key.size() + 192;
+    kept_.row_bytes += 2 * key.size() + 192 + entry.value.counted;
     return entry;
 }
 

@@ -51,6 +51,7 @@ struct row_slot {
     codec::row_header header;
     std::unique_ptr<detail::state_box> state;
     bool dirty = false;  // changed by the running batch: its finish writes it
+    std::uint32_t counted = 0;  // the largest encoded size of it counted in kept_rows::row_bytes
 };
 /// An event subject's stream as the writer holds it.
 struct stream_state {

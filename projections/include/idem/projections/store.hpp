@@ -247,8 +247,10 @@ private:
 
 /// One consumer's projections over an LMDB environment, applied synchronously.
 ///
-/// Thread safety: apply() must not be called concurrently (one writer); snapshots may be
-/// taken and read from any thread at any time. A batch that must grow the map waits until
+/// Thread safety: apply() and the other calls that write (prune, redrive, release,
+/// migrate_rows, begin_bulk/end_bulk, reopen, add) must not run concurrently with each other
+/// (one writer at a time; the writer's kept rows are not locked); snapshots may be taken and
+/// read from any thread at any time. A batch that must grow the map waits until
 /// no snapshot of this process is live; if the applying thread holds one itself, apply()
 /// throws errc::map_full instead (release snapshots before applying).
 class store {
