@@ -14,8 +14,9 @@
 //   finish                 rows, ids, effect keys, streams, parked events, dead letters,
 //                          checkpoint, counters and the commit number, in the same transaction
 //
-// Outcomes are returned only after the commit succeeded. The guards and reads these steps
-// consult follow them; the operator's view of a run is operator_run.cpp.
+// Outcomes are returned only after the commit succeeded. The guards these steps consult follow
+// them; what they read (rows, streams, parked events) is batch_reads.cpp, and the operator's
+// view of a run is operator_run.cpp.
 
 #include "store_internal.hpp"
 
@@ -91,27 +92,12 @@ batch_run::batch_run(store::impl& s, write_txn& txn, kind k)
         if (bulk_) s_.journals[p]->fold_all(txn_, s_.tables[p]);
     }
     if (auto v = txn_.get(s_.meta, layout::commit_key); v && v->size() >= 8) commit_ = codec::get_u64_le(*v) + 1;
-    // Kept rows are the state of the commit they were kept at: any commit since was not the live
-    // writer's (another process, an operator action), and a bulk build or an operator action may
-    // change rows they hold. Past their budget they go too, and are read again as needed.
-    if (!live_ || s_.kept.commit + 1 != commit_ || s_.kept.row_bytes + s_.kept.stream_bytes > s_.options.kept_rows_bytes) s_.kept.clear();
     stats = layout::decode_stats(txn_.get(s_.meta, layout::stats_key(s_.options.consumer)));
     clock_ = layout::decode_clock(txn_.get(s_.meta, layout::clock_key(s_.options.consumer)));
     for (const auto& p : s_.projections) {
         contrib_floors_.push_back(layout::u64_or_zero(txn_.get(s_.meta, layout::contrib_floor_key(p->name()))));
     }
-    const auto parked = txn_.entries(s_.parked);
-    parked_possible_ = parked != 0;
-    // An empty table: from here on every parked event is counted by its stream while they are
-    // kept, as long as the table holds what they count (nothing else parked or released one).
-    if (live_ && parked != kept_.parked_entries) kept_.parked_counted = false;
-    if (live_ && parked == 0) kept_.parked_counted = true;
-    parked_in_table_ = parked_possible_ && !kept_.parked_counted;
-    // Likewise the streams: kept from an empty table on, they are all of them (a store being
-    // filled from a log looks up no new subject in the table).
-    const auto streams = txn_.entries(s_.streams);
-    if (live_ && streams != kept_.stream_entries) kept_.streams_complete = false;
-    if (live_ && streams == 0) kept_.streams_complete = true;
+    take_kept();
 }
 
 std::vector<outcome> batch_run::deliver_all(std::span<const std::unique_ptr<prepared_batch::item>> batch,
@@ -498,10 +484,7 @@ void batch_run::write_rows() {
         value.clear();
         codec::encode_row(value, slot->header, state);
         slot->dirty = false;
-        if (value.size() > slot->counted) {
-            kept_.row_bytes += value.size() - slot->counted;
-            slot->counted = static_cast<std::uint32_t>(std::min<std::size_t>(value.size(), UINT32_MAX));
-        }
+        count_size(*slot, value.size());
         if (!bulk_) {
             s_.journals[id.first]->append(txn_, id.second, value, hash);
             ++journaled[id.first];
@@ -647,78 +630,6 @@ outcome batch_run::dead(const item& d, reason why, std::string detail, std::stri
         detail = located_detail(located);
     }
     return outcome{outcome_kind::dead_lettered, why, std::move(detail), 0};
-}
-
-// --- what the batch reads through its own state --------------------------------------------------
-
-row_entry& batch_run::load_row(std::size_t p, const std::string& key, std::uint64_t hash) {
-    if (rows_.size() <= p) rows_.resize(s_.projections.size());
-    if (auto* cached = rows_[p].find(key, hash)) return *cached;
-    // Read first, then keep: a row whose state cannot be read (a migration that throws) leaves
-    // no slot behind.
-    const auto& proj = *s_.projections[p];
-    const auto row_key = codec::row_key(key);
-    auto record = s_.journals[p]->find(txn_, row_key, hash);
-    if (!record) record = txn_.get(s_.tables[p], row_key);
-    row_slot read;
-    if (record) {
-        auto decoded = codec::decode_row(*record);
-        read.header = decoded.header;
-        read.state = proj.load(decoded.state, decoded.header.state_version);  // migrated if older
-    } else {
-        read.header.state_version = proj.state_version();
-        read.state = proj.make_state();
-    }
-    // Its encoded size stands in for its decoded state's (grown by write_rows as it grows).
-    read.counted = record ? static_cast<std::uint32_t>(std::min<std::size_t>(record->size(), UINT32_MAX)) : 0;
-    auto& entry = *rows_[p].try_emplace(key, hash).first;
-    entry.value = std::move(read);
-    kept_.row_bytes += 2 * key.size() + 192 + entry.value.counted;
-    return entry;
-}
-
-stream_entry& batch_run::stream(const std::string& subject) {
-    return stream(subject, string_table<stream_state>::hash_of(subject));
-}
-
-stream_entry& batch_run::stream(const std::string& subject, std::uint64_t hash) {
-    auto [entry, inserted] = streams_.try_emplace(subject, hash);
-    if (inserted) {
-        if (kept_.streams_complete) {
-            // Not kept: not in the table either.
-        } else if (auto v = txn_.get(s_.streams, subject); v && v->size() >= 8) {
-            entry->value.highest = codec::get_u64_le(*v);
-        }
-        kept_.stream_bytes += 2 * subject.size() + 64;
-    }
-    return *entry;
-}
-
-void batch_run::mark_dirty(std::size_t p, row_entry& row) {
-    if (row.value.dirty) return;
-    dirty_rows_.emplace_back(p, &row);
-    row.value.dirty = true;
-}
-
-void batch_run::mark_dirty(stream_entry& stream) {
-    if (stream.value.dirty) return;
-    dirty_streams_.push_back(&stream);
-    stream.value.dirty = true;
-}
-
-std::optional<std::string> batch_run::parked_value(const std::string& key) const {
-    if (auto it = parked_.find(key); it != parked_.end()) return it->second;
-    if (auto v = txn_.get(s_.parked, key)) return std::string(*v);
-    return std::nullopt;
-}
-
-std::string batch_run::parked_event_id(std::string_view value) const {
-    const auto stored = layout::decode_parked_value(value);
-    if (stored.event_id) return std::string(*stored.event_id);
-    // Parked before the value carried it: the envelope says (one that no longer parses matches none).
-    envelope ev;
-    parse_error err;
-    return s_.parser.parse(stored.body, ev, err) ? ev.event_id() : std::string();
 }
 
 }  // namespace detail

@@ -8,6 +8,8 @@
 //   prepare.cpp          the writer-independent half of apply(): parse, decode, keys
 //   batch_run.cpp        one batch, top-down: deliver all -> deliver -> process -> apply
 //                        projections -> finish (the idempotency argument, in reading order)
+//   batch_reads.cpp      what a batch reads through its own state, and what the live writer keeps
+//                        of it between batches
 //   retention.cpp        pruning the inbox and the contributing sets
 //   bulk.cpp             bulk builds: one transaction across apply() calls
 //   snapshot.cpp         the reader
@@ -292,7 +294,11 @@ private:
     /// Dead-letters d under message_id (d's own by default), naming where d was read from.
     outcome dead(const item& d, reason why, std::string detail) { return dead(d, why, std::move(detail), d.message_id); }
     outcome dead(const item& d, reason why, std::string detail, std::string_view message_id);
-    // What the batch reads through its own state.
+    // What the batch reads through its own state (batch_reads.cpp).
+    /// Starts from the rows the last live batch kept if they still hold, else from none.
+    void take_kept();
+    /// Counts a row's encoded size (once, then as it grows) in the kept rows' estimate.
+    void count_size(row_slot& row, std::size_t encoded);
     row_entry& load_row(std::size_t p, const std::string& key, std::uint64_t hash);
     stream_entry& stream(const std::string& subject);
     stream_entry& stream(const std::string& subject, std::uint64_t hash);  // hash: string_table's, computed ahead
