@@ -215,6 +215,7 @@ run_result run_log(const run_options& o, const std::filesystem::path& log, log_p
     } else {
         idem::consume_options co;
         apply(co);
+        co.store.huge_index_pages = true;  // as `idem consume --log` does
         result = idem::consume(co);
         r.figures.emplace_back("syncs", std::to_string(result.stats.batches));  // a durable commit per batch
     }

@@ -60,7 +60,7 @@ void store::end_bulk() {
     }
     s.ids->committed();
     for (auto& c : s.contributors) c->committed();
-    s.index_pages(false);
+    s.index_pages(s.options.huge_index_pages);
     s.bulk.reset();
     s.bulk_txn.reset();
 }

@@ -204,7 +204,8 @@ struct store::impl {
     // bulk.cpp
     std::vector<outcome> run_bulk(const prepared_batch& batch, std::span<const checkpoint> at);
     void abandon_bulk();
-    /// Has the id indexes' new tables use huge pages (a bulk build) or small ones (id_log::use_huge_pages).
+    /// Has the id indexes' new tables use huge pages (a bulk build, store_options::huge_index_pages)
+    /// or small ones (id_log::use_huge_pages).
     void index_pages(bool huge);
 };
 

@@ -1,15 +1,15 @@
 #include <idem/storage/id_log.hpp>
 
+#include "../common/smaps.hpp"
 #include "../common/temp_dir.hpp"
 
 #include <doctest/doctest.h>
 
 #include <chrono>
 #include <cstdint>
-#include <fstream>
-#include <sstream>
 #include <string>
 
+using idem::test::huge_advised_bytes;
 using idem::test::temp_dir;
 
 namespace {
@@ -21,21 +21,6 @@ void record(idem::environment& env, idem::id_log& box, std::initializer_list<std
     box.write(w);
     w.commit();
     box.committed();
-}
-
-// The bytes of this process's mappings advised to use transparent huge pages (VmFlags "hg").
-std::size_t huge_advised_bytes() {
-    std::ifstream smaps{"/proc/self/smaps"};
-    std::size_t total = 0;
-    std::size_t size_kb = 0;
-    for (std::string line; std::getline(smaps, line);) {
-        if (line.starts_with("Size:")) {
-            std::istringstream{line.substr(5)} >> size_kb;
-        } else if (line.starts_with("VmFlags:") && (line + " ").find(" hg ") != std::string::npos) {
-            total += size_kb * 1024;
-        }
-    }
-    return total;
 }
 
 std::size_t index_bytes_after(idem::environment& env, const std::string& table, bool huge) {

@@ -179,6 +179,12 @@ struct store_options {
     /// this many bytes (past it they are dropped before the next batch and read again as needed;
     /// docs/DESIGN.md, "Rows kept between batches"). 0: every batch reads its rows from the store.
     std::size_t kept_rows_bytes = std::size_t{64} << 20;
+    /// The in-memory id indexes (the inbox's and the contributing sets') ask the kernel for
+    /// transparent huge pages as they grow: one page fault per 2 MiB instead of per 4 KiB, for
+    /// jobs that insert millions of ids (`idem consume --log` sets it). Off by default: a huge
+    /// page's fault may wait for the kernel to compact memory, a stall a live batch should not
+    /// see. A bulk build (rebuild) uses them whatever this says.
+    bool huge_index_pages = false;
     /// Called inside every write transaction right before it commits (batches, operator actions,
     /// a bulk build's end): throwing aborts the transaction, so nothing of it is committed. A
     /// partition owner throws errc::lease_lost here once its lease may have expired (fencing).
