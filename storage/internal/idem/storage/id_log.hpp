@@ -140,8 +140,9 @@ private:
         }
         /// Memory pages the table spans.
         std::size_t pages() const noexcept;
-        /// Has the kernel back page i of the table now (a write), so no lookup faults on it later.
-        void touch(std::size_t page) noexcept;
+        /// Has the kernel back pages [first, first + count) of the table now, so no insert or
+        /// lookup faults on them later.
+        void populate(std::size_t first, std::size_t count) noexcept;
 
     private:
         void release() noexcept;
@@ -178,9 +179,9 @@ private:
     slot_table draining_;       // the previous table while its entries move to slots_ (else empty)
     std::size_t drained_ = 0;   // draining_[0, drained_) have moved
     std::size_t drain_rate_ = 0;  // slots of draining_ moved per insert
-    slot_table next_;           // slots_'s successor, its pages touched ahead of need (else empty)
+    slot_table next_;           // slots_'s successor, its pages populated ahead of need (else empty)
     std::size_t touched_ = 0;   // next_'s pages [0, touched_) are backed
-    std::size_t until_touch_ = 0;  // inserts before the next page of next_ is touched
+    std::size_t until_touch_ = 0;  // inserts before the next pages of next_ are populated
     std::size_t count_ = 0;     // live entries
     std::size_t occupied_ = 0;  // non-empty slots of slots_: live entries and tombstones of pruned ones
     std::uint64_t head_ = 1;    // the first position not pruned
