@@ -9,6 +9,7 @@
 #include <doctest/doctest.h>
 
 #include <cstddef>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -33,7 +34,8 @@ TEST_CASE("a store asked for huge index pages advises them as its indexes grow; 
         store.add(totals_by_subject());
         std::vector<idem::delivery> batch;
         for (int i = 0; i < events; ++i) {
-            batch.push_back(deliver(line("line-" + std::to_string(i), "order-" + std::to_string(i % orders), i % 7 + 1)));
+            const auto order = "order-" + std::to_string(i % orders);
+            batch.push_back(deliver(line("line-" + std::to_string(i), order, i % 7 + 1)));
             if (batch.size() == 10'000 || i + 1 == events) {
                 for (const auto& out : store.apply(batch)) REQUIRE(out.kind == idem::outcome_kind::applied);
                 batch.clear();
@@ -42,8 +44,11 @@ TEST_CASE("a store asked for huge index pages advises them as its indexes grow; 
         const auto advised = huge_advised_bytes() - before;
         if (huge) {
             // Both indexes (the inbox's and the projection's contributing set) hold 120,000 ids:
-            // each has a table of at least 4 MiB.
-            CHECK(advised >= std::size_t{8} << 20);
+            // each has a table of at least 4 MiB. A kernel built without transparent huge pages
+            // refuses the advice (the tables keep small pages).
+            if (std::ifstream{"/sys/kernel/mm/transparent_hugepage/enabled"}) {
+                CHECK(advised >= std::size_t{8} << 20);
+            }
         } else {
             CHECK(advised == 0);
         }

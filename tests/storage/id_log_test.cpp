@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <fstream>
 #include <string>
 
 using idem::test::huge_advised_bytes;
