@@ -19,7 +19,8 @@ std::vector<outcome> store::impl::run_bulk(const prepared_batch& prepared, std::
     return outcomes;
 }
 
-void store::impl::index_pages(bool huge) {
+void store::impl::index_pages() {
+    const bool huge = options.huge_index_pages || bulk != nullptr;
     ids->use_huge_pages(huge);
     for (auto& c : contributors) c->use_huge_pages(huge);
 }
@@ -38,7 +39,7 @@ void store::begin_bulk(std::size_t memory_budget) {
     try {
         s.bulk = std::make_unique<detail::batch_run>(s, *s.bulk_txn, detail::batch_run::kind::bulk);
         s.bulk_budget = memory_budget;
-        s.index_pages(true);
+        s.index_pages();
     } catch (...) {
         s.abandon_bulk();
         throw;
@@ -60,9 +61,9 @@ void store::end_bulk() {
     }
     s.ids->committed();
     for (auto& c : s.contributors) c->committed();
-    s.index_pages(s.options.huge_index_pages);
     s.bulk.reset();
     s.bulk_txn.reset();
+    s.index_pages();
 }
 
 namespace detail {

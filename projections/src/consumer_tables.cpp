@@ -76,14 +76,14 @@ void store::impl::open_tables() {
     tables = std::move(new_tables);
     contributors = std::move(new_contributors);
     journals = std::move(new_journals);
-    index_pages(options.huge_index_pages || bulk != nullptr);
+    index_pages();
 }
 
 void store::impl::open_projection(const projection_base& p) {
     tables.push_back(env->table(layout::rows_table(p.name())));
     contributors.push_back(std::make_unique<id_log>(*env, layout::contrib_table(p.name())));
-    contributors.back()->use_huge_pages(options.huge_index_pages || bulk != nullptr);
     journals.push_back(std::make_unique<detail::row_journal>(*env, p.name(), meta));
+    index_pages();
 }
 
 void store::impl::rolled_back() {

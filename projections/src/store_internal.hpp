@@ -204,9 +204,9 @@ struct store::impl {
     // bulk.cpp
     std::vector<outcome> run_bulk(const prepared_batch& batch, std::span<const checkpoint> at);
     void abandon_bulk();
-    /// Has the id indexes' new tables use huge pages (a bulk build, store_options::huge_index_pages)
-    /// or small ones (id_log::use_huge_pages).
-    void index_pages(bool huge);
+    /// Has the id indexes' new tables use huge pages during a bulk build or where
+    /// store_options::huge_index_pages asks for them, small ones otherwise (id_log::use_huge_pages).
+    void index_pages();
 };
 
 namespace detail {

@@ -50,8 +50,6 @@ id_log::slot_table::slot_table(std::size_t size, bool huge_pages) : size_(size) 
 std::size_t id_log::slot_table::pages() const noexcept { return (size_ * sizeof(slot) + page_bytes - 1) / page_bytes; }
 
 void id_log::slot_table::populate(std::size_t first, std::size_t count) noexcept {
-    count = std::min(count, pages() - std::min(first, pages()));
-    if (count == 0) return;
     auto* start = reinterpret_cast<unsigned char*>(data_) + first * page_bytes;
     // Linux 5.14 on; an older kernel refuses the advice (EINVAL) and each page is written
     // instead (a write, so the page is the table's own: a read would map the shared zero page).

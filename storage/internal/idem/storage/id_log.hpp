@@ -140,8 +140,8 @@ private:
         }
         /// Memory pages the table spans.
         std::size_t pages() const noexcept;
-        /// Has the kernel back pages [first, first + count) of the table now, so no insert or
-        /// lookup faults on them later.
+        /// Has the kernel back pages [first, first + count) of the table now (within pages()), so
+        /// no insert or lookup faults on them later.
         void populate(std::size_t first, std::size_t count) noexcept;
 
     private:
