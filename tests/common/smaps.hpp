@@ -23,4 +23,10 @@ inline std::size_t huge_advised_bytes() {
     return total;
 }
 
+/// Whether the kernel has transparent huge pages at all (one built without them refuses the
+/// advice, and tables keep small pages).
+inline bool kernel_has_huge_pages() {
+    return static_cast<bool>(std::ifstream{"/sys/kernel/mm/transparent_hugepage/enabled"});
+}
+
 }  // namespace idem::test

@@ -9,12 +9,12 @@
 #include <doctest/doctest.h>
 
 #include <cstddef>
-#include <fstream>
 #include <string>
 #include <vector>
 
 using namespace idem_test;
 using idem::test::huge_advised_bytes;
+using idem::test::kernel_has_huge_pages;
 
 TEST_SUITE("index pages") {
 
@@ -44,9 +44,8 @@ TEST_CASE("a store asked for huge index pages advises them as its indexes grow; 
         const auto advised = huge_advised_bytes() - before;
         if (huge) {
             // Both indexes (the inbox's and the projection's contributing set) hold 120,000 ids:
-            // each has a table of at least 4 MiB. A kernel built without transparent huge pages
-            // refuses the advice (the tables keep small pages).
-            if (std::ifstream{"/sys/kernel/mm/transparent_hugepage/enabled"}) {
+            // each has a table of at least 4 MiB.
+            if (kernel_has_huge_pages()) {
                 CHECK(advised >= std::size_t{8} << 20);
             }
         } else {

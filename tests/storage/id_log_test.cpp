@@ -7,7 +7,6 @@
 
 #include <chrono>
 #include <cstdint>
-#include <fstream>
 #include <string>
 
 using idem::test::huge_advised_bytes;
@@ -160,8 +159,7 @@ TEST_CASE("index tables ask for huge pages only when told to (a bulk build)") {
     auto env = idem::environment::open(dir / "db", {.sync = idem::durability::none});
     // 300k ids fill a table of 512k slots of 16 bytes: 8 MiB, advised while the box lives.
     CHECK(index_bytes_after(*env, "small", false) == 0);
-    // A kernel built without transparent huge pages refuses the advice (the table keeps small pages).
-    if (std::ifstream{"/sys/kernel/mm/transparent_hugepage/enabled"}) {
+    if (idem::test::kernel_has_huge_pages()) {
         CHECK(index_bytes_after(*env, "huge", true) >= std::size_t{8} << 20);
     }
 }
