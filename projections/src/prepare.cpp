@@ -8,6 +8,7 @@
 #include <idem/storage/crash_point.hpp>
 #include <idem/storage/duration.hpp>
 #include <idem/storage/envelope_record.hpp>
+#include <idem/storage/reused_buffer.hpp>
 
 #include <algorithm>
 #include <iterator>
@@ -150,7 +151,9 @@ bool prepare_envelope(const store::impl& s, prepared_batch::item& out, envelope_
 namespace {
 
 void prepare_item(const store::impl& s, const delivery& d, prepared_batch::item& out, envelope_parser& parser) {
-    out.body.assign(d.body);
+    // The slot held an earlier batch's delivery: a large one's buffers are not kept for a small one.
+    assign_reused(out.body, d.body);
+    release_unneeded(out.ev.data, d.body.size());
     out.transport_id.assign(d.message_id);
     out.transport.assign(d.transport);
     out.line = d.line;

@@ -5,6 +5,7 @@
 #include "log_run.hpp"
 
 #include <idem/storage/error.hpp>
+#include <idem/storage/reused_buffer.hpp>
 
 #include <thread>
 
@@ -124,8 +125,8 @@ bool log_run::read_file(const std::string& source, const std::filesystem::path& 
                 break;
             }
             auto& d = batch_[used_++];
-            d.body.assign(record.body);
-            d.attributes.assign(record.attributes);
+            assign_reused(d.body, record.body);  // the slot held an earlier batch's record
+            assign_reused(d.attributes, record.attributes);
             d.message_id.clear();
             d.transport.assign(transport);  // the log's msgids count within its origin
             d.line = lines_known ? record.line : 0;
