@@ -60,7 +60,7 @@ int consume_logs(const tool_context& t, const arguments& a) {
     if (a.all("log").empty()) throw usage_error("consume needs --log FILE (or --nats URL --stream S --consumer C)");
     consume_options o;
     progress_bar bar{"consume"};
-    // o.batch stays the library's 10,000: at most that many records per commit. A followed log
+    // o.batch stays the library's 25,000: at most that many records per commit. A followed log
     // hands over what it has at its end, so a slow one still commits every record promptly.
     log_run_from(t, a, a.required("db"), o, bar);
     o.store.sync = durability_from(a);

@@ -18,6 +18,11 @@ namespace idem {
 
 /// Options of a live, resumable consumer of log files.
 struct consume_options : log_run_options {
+    /// At most 25,000 records per commit: a log read as fast as the disk gives it gets large
+    /// commits (on the orders defect mix 15% faster than 10,000: each commit rewrites most of
+    /// the streams table's leaves whatever its size); a followed log commits what it has
+    /// whenever it reaches its end.
+    consume_options() { batch = 25'000; }
     bool follow = false;                            ///< keep tailing the last log for appended records
     /// Read a log that changed under its checkpoint (truncated, rewritten, replaced) again from
     /// offset 0 instead of failing with errc::log_changed; the inbox recognizes what was applied.
