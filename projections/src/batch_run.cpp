@@ -620,7 +620,7 @@ outcome batch_run::dead(const item& d, reason why, std::string detail, std::stri
     // once resumed mid-file).
     layout::dead_letter_origin at;
     if (!d.from_store && log_source_path(source_)) at = {source_, d.line, d.offset};
-    dead_letters_.push_back(layout::encode_dead_letter(why, detail, message_id, d.body, time_ns_, at));
+    dead_letters_.push_back(layout::encode_dead_letter(why, detail, message_id, d.body, time_ns_, at, d.body_digest));
     if (!at.source.empty()) {
         dead_letter located;
         located.detail = std::move(detail);

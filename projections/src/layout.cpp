@@ -175,7 +175,8 @@ constexpr unsigned dead_letter_reason_mask = 0x3fu;
 }  // namespace
 
 std::string encode_dead_letter(reason why, std::string_view detail, std::string_view message_id,
-                               std::string_view body, std::uint64_t time_ns, const dead_letter_origin& at) {
+                               std::string_view body, std::uint64_t time_ns, const dead_letter_origin& at,
+                               std::optional<std::uint64_t> digest) {
     const bool cut = why == reason::too_large && body.size() > dead_letter_prefix;
     const bool origin = !at.source.empty();
     std::string out;
@@ -191,7 +192,7 @@ std::string encode_dead_letter(reason why, std::string_view detail, std::string_
     }
     if (cut) {
         codec::put_u64_le(out, body.size());
-        codec::put_u64_le(out, body_digest(body));
+        codec::put_u64_le(out, digest ? *digest : body_digest(body));
         body = body.substr(0, dead_letter_prefix);
     }
     out.append(body);

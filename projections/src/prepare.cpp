@@ -154,6 +154,7 @@ void prepare_item(const store::impl& s, const delivery& d, prepared_batch::item&
     // The slot held an earlier batch's delivery: a large one's buffers are not kept for a small one.
     assign_reused(out.body, d.body);
     release_unneeded(out.ev.data, d.body.size());
+    out.body_digest.reset();
     out.transport_id.assign(d.message_id);
     out.transport.assign(d.transport);
     out.line = d.line;
@@ -162,6 +163,7 @@ void prepare_item(const store::impl& s, const delivery& d, prepared_batch::item&
     if (limit != 0 && d.body.size() > limit) {
         out.err = {reason::too_large, "the envelope has " + std::to_string(d.body.size()) +
                                           " bytes, over the limit of " + std::to_string(limit)};
+        out.body_digest = body_digest(d.body);
         unparsed(out);
         return;
     }

@@ -123,6 +123,9 @@ struct prepared_batch::item {
     std::optional<std::uint64_t> time_ns;  // the event time, if it has one that parses
     std::uint64_t fingerprint = 0;         // of the decoded content (or of the bytes, when malformed)
     std::uint64_t identity = 0;            // of the event id (0: malformed, no event id)
+    // A too_large body's body_digest(), which its dead letter keeps: hashed where it is prepared,
+    // not by the writer (a megabyte a byte at a time).
+    std::optional<std::uint64_t> body_digest;
     parse_error err;  // err.why != none: the envelope is rejected as a whole
     envelope ev;
     std::vector<part> parts;  // per projection handling ev.type, in the order projections were added

@@ -105,9 +105,10 @@ struct dead_letter_origin {
 /// the reason byte's 0x40 bit is set, its origin [source][line u64][offset u64]; then the envelope.
 /// A too_large one keeps [size u64][digest u64] and its first dead_letter_prefix bytes, marked by
 /// the reason byte's top bit (reasons stay below 64). Records without the 0x40 bit (written before
-/// origins were kept) read with an empty source.
+/// origins were kept) read with an empty source. digest: body_digest(body), where the caller has it.
 std::string encode_dead_letter(reason why, std::string_view detail, std::string_view message_id,
-                               std::string_view body, std::uint64_t time_ns, const dead_letter_origin& at = {});
+                               std::string_view body, std::uint64_t time_ns, const dead_letter_origin& at = {},
+                               std::optional<std::uint64_t> digest = {});
 dead_letter decode_dead_letter(std::uint64_t position, std::string_view v);
 
 /// A parked event's key: esc(subject) 00 01 <sequence u64 BE>.
