@@ -1,6 +1,7 @@
 #include <idem/engine/engine.hpp>
 
 #include <idem/projections/store_hooks.hpp>
+#include <idem/storage/reused_buffer.hpp>
 
 #include <boost/asio/post.hpp>
 
@@ -33,9 +34,6 @@ struct pending_apply {
     std::size_t bytes = 0;         // the delivery's body size
 };
 
-// A prepared item keeps the capacity of the largest delivery it held: one that held a large
-// one is freed rather than kept in the pool.
-constexpr std::size_t pooled_bytes_max = 64 * 1024;
 
 // A flush or stop request: completes when everything queued before it is durable.
 struct pending_marker {
@@ -287,7 +285,9 @@ void engine::impl::give_back(std::vector<pending_apply>& batch) {
     std::scoped_lock lock{pool_m};
     for (auto& p : batch) {
         if (spare.size() >= options.max_in_flight) break;
-        if (p.bytes <= pooled_bytes_max) spare.push_back(std::move(p.body));
+        // A prepared item keeps the capacity of the largest delivery it held: one that held a
+        // large one is freed rather than kept idle in the pool (storage/reused_buffer.hpp's bound).
+        if (p.bytes <= reused_capacity_max) spare.push_back(std::move(p.body));
     }
 }
 
