@@ -12,7 +12,9 @@ const option log_option{"log", "FILE", "an event log (JSON Lines or binary); rep
                         true};
 const option format_option{"format", "jsonl|binary", "the logs' format (default: detected from each file)"};
 const option skip_bad_option{"skip-bad", "", "skip corrupt records of binary logs and count them"};
-const option batch_option{"batch", "N", "events per batch at most (consume: per write transaction, default 25000; rebuild: default 10000)"};
+const option batch_option{"batch", "N",
+                          "events per batch at most (consume: per write transaction, default 25000; rebuild: "
+                          "default 10000)"};
 const option wait_option{"wait", "",
                          "if another process writes the store, wait until it is done (Ctrl-C gives up) instead "
                          "of refusing at once"};
