@@ -169,6 +169,10 @@ bool envelope_parser::parse(std::string_view text, envelope& out, parse_error& e
                 if (fault == json_fault::repeated_name) {
                     return fail_repeated_member(err, found);
                 }
+                if (fault == json_fault::too_deep) {
+                    return fail(err, reason::invalid_json,
+                                "attribute 'data' is nested deeper than " + std::to_string(max_json_depth) + " levels");
+                }
                 if (fault != json_fault::none || ((type == json_type::object || type == json_type::array) &&
                                                   doc.current_location().get(end) != simdjson::SUCCESS)) {
                     return fail(err, reason::invalid_json, "attribute 'data' is not valid JSON");
@@ -191,8 +195,13 @@ bool envelope_parser::parse(std::string_view text, envelope& out, parse_error& e
             }
             if (type == json_type::object || type == json_type::array) {
                 json_finding found;
-                if (validate(value, names, found) == json_fault::malformed) {
+                const auto fault = validate(value, names, found);
+                if (fault == json_fault::malformed) {
                     return fail(err, reason::invalid_json, "malformed value of attribute '", name, "'");
+                }
+                if (fault == json_fault::too_deep) {
+                    return fail(err, reason::invalid_json, "the value of attribute '", name,
+                                "' is nested deeper than " + std::to_string(max_json_depth) + " levels");
                 }
             }
             ok = unset || check_extension(value, type, name, err);

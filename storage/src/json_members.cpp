@@ -53,13 +53,19 @@ std::optional<std::string_view> find_repeated(std::vector<std::string_view>& nam
     return std::nullopt;
 }
 
+namespace {
+
 // Reads a value to its end, checking all of it: the on-demand parser checks only what is
 // read, so a value that is skipped (an extension, `data`) could hide `nul` or `1x2`. An
 // object naming a member twice is refused too: which of the two a reader takes is up to
-// the reader (RFC 8259 section 4), and idem's handlers would take the first.
-json_fault validate(simdjson::ondemand::value value, std::vector<std::string_view>& names, json_finding& found) {
+// the reader (RFC 8259 section 4), and idem's handlers would take the first. depth: how
+// many objects and arrays enclose value within the value validate was given.
+
+json_fault validate_at(simdjson::ondemand::value value, std::vector<std::string_view>& names, json_finding& found,
+                       std::size_t depth) {
     json_type type{};
     if (value.type().get(type) != simdjson::SUCCESS) return json_fault::malformed;
+    if ((type == json_type::object || type == json_type::array) && depth == max_json_depth) return json_fault::too_deep;
     switch (type) {
     case json_type::object: {
         simdjson::ondemand::object o;
@@ -70,7 +76,7 @@ json_fault validate(simdjson::ondemand::value value, std::vector<std::string_vie
             if (field.unescaped_key().get(key) != simdjson::SUCCESS) return json_fault::malformed;
             simdjson::ondemand::value v;
             if (field.value().get(v) != simdjson::SUCCESS) return json_fault::malformed;
-            if (const auto fault = validate(v, names, found); fault != json_fault::none) {
+            if (const auto fault = validate_at(v, names, found, depth + 1); fault != json_fault::none) {
                 if (fault == json_fault::repeated_name) {
                     std::string here = ".";
                     here.append(key).append(found.where);
@@ -97,7 +103,7 @@ json_fault validate(simdjson::ondemand::value value, std::vector<std::string_vie
         for (auto element : a) {
             simdjson::ondemand::value v;
             if (element.get(v) != simdjson::SUCCESS) return json_fault::malformed;
-            if (const auto fault = validate(v, names, found); fault != json_fault::none) {
+            if (const auto fault = validate_at(v, names, found, depth + 1); fault != json_fault::none) {
                 if (fault == json_fault::repeated_name) found.where = "[" + std::to_string(index) + "]" + found.where;
                 return fault;
             }
@@ -119,6 +125,12 @@ json_fault validate(simdjson::ondemand::value value, std::vector<std::string_vie
         return trim_right(value.raw_json_token()) == "null" ? json_fault::none : json_fault::malformed;
     }
     return json_fault::malformed;
+}
+
+}  // namespace
+
+json_fault validate(simdjson::ondemand::value value, std::vector<std::string_view>& names, json_finding& found) {
+    return validate_at(value, names, found, 0);
 }
 
 bool is_json_data(simdjson::ondemand::parser& parser, std::string& buffer, std::string_view text,

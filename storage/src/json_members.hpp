@@ -29,7 +29,12 @@ bool is_json_number(std::string_view s) noexcept;
 /// Returns the name given twice among names[from, end), or an empty optional; may reorder them.
 std::optional<std::string_view> find_repeated(std::vector<std::string_view>& names, std::size_t from);
 
-enum class json_fault { none, malformed, repeated_name };
+enum class json_fault { none, malformed, repeated_name, too_deep };
+
+/// How deep validate reads: objects and arrays nested deeper are refused (too_deep). The same
+/// bound as simdjson's parsers, which decode payloads; it also bounds validate's recursion, so
+/// a line of brackets cannot exhaust the stack.
+inline constexpr std::size_t max_json_depth = simdjson::DEFAULT_MAX_DEPTH;
 
 // What validate found wrong, for the message.
 struct json_finding {
@@ -37,8 +42,8 @@ struct json_finding {
     std::string where;      // its object's path below the value, built on the way out (".a[2]")
 };
 
-/// Reads value to its end, checking all of it; names is scratch space (the member names of
-/// the objects being read, innermost last).
+/// Reads value to its end, checking all of it, at most max_json_depth levels deep; names is
+/// scratch space (the member names of the objects being read, innermost last).
 json_fault validate(simdjson::ondemand::value value, std::vector<std::string_view>& names, json_finding& found);
 
 /// Returns whether text is one JSON value that idem takes as `data` (valid, no member named
