@@ -273,6 +273,20 @@ class identity_and_time_cli_test(cli_case):
                 self.assertEqual(self.reasons(db), ["future_event"])
                 self.assertEqual(stats["retention"]["event_time"], self.stats(ref)["retention"]["event_time"])
 
+    def test_max_future_skew_0_switches_the_check_off_with_or_without_a_unit(self):
+        _, outlier = self.outlier_logs()
+        for value in ("0", "0s"):
+            with self.subTest(value=value):
+                db = self.path("skew-" + value)
+                run("rebuild", "--db", db, "--log", outlier, "--allowed-lateness", "1h", "--transport", "src",
+                    "--max-future-skew", value)
+                self.assertEqual(self.stats(db)["retention"]["future_events"], 0)
+                self.assertIn('"key":"o-future"', self.dump(db, "order-totals"))
+        p = subprocess.run([cli_test.IDEM, "rebuild", "--db", self.path("skew-bad"), "--log", outlier,
+                            "--max-future-skew", "00"], capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn("option '--max-future-skew': '00' is not a duration", p.stderr)
+
     def test_lateness_outcomes_do_not_depend_on_batch_size(self):
         # Drop copies re-send fills under a new event id, stamped when re-sent (up to ~4 s later).
         r = self.gen("fills.jsonl", domain="trading", events=3000, aggregates=100, reissue=0.2, republish=0.05)

@@ -61,7 +61,9 @@ void retention_from(const arguments& a, store_options& o) {
     o.retention.clock = retention_clock::event;
     if (auto d = duration_option(a, "inbox-retention")) o.retention.inbox_retention = d;
     if (auto d = duration_option(a, "allowed-lateness")) o.retention.allowed_lateness = d;
-    if (auto d = duration_option(a, "max-future-skew")) {
+    if (a.get("max-future-skew") == "0") {
+        o.retention.max_future_skew.reset();  // "0 to switch off", as its help says: no unit needed
+    } else if (auto d = duration_option(a, "max-future-skew")) {
         o.retention.max_future_skew = d->count() > 0 ? d : std::nullopt;
     }
     if (auto d = duration_option(a, "resend-within")) o.retention.resend_within = d;
