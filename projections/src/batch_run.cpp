@@ -213,7 +213,9 @@ outcome batch_run::deliver(const item& d) {
     }
     clock_before_ = clock_.event_time;
     const bool future = d.time_ns && ahead(*d.time_ns, d.identity);
-    if (d.time_ns && !future) clock_.event_time = std::max(clock_.event_time, *d.time_ns);
+    // The clock's 0 means "no event time yet": an event stamped 1970-01-01T00:00:00Z sets it 1 ns
+    // later, so that the events after it are checked against it.
+    if (d.time_ns && !future) clock_.event_time = std::max({clock_.event_time, *d.time_ns, std::uint64_t{1}});
     const auto stamp = s_.options.retention.clock == retention_clock::event ? clock_.event_time : time_ns_;
     // A collision's id is in the inbox already (the first event's); this event is not recorded under it.
     const bool record = !message_id.empty() && !collision;

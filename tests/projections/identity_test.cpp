@@ -204,6 +204,29 @@ TEST_CASE("an event stamped far ahead does not move the event-time horizon") {
     }
 }
 
+TEST_CASE("an event stamped 1970-01-01T00:00:00Z sets the event clock: an outlier after it is still held") {
+    for (std::size_t batch : {std::size_t{1}, std::size_t{3}}) {
+        CAPTURE(batch);
+        temp_dir dir;
+        idem::store store{timed_options(dir.path(), 1h)};
+        store.add(totals_by_order());
+        auto at = [](std::string id, std::int64_t amount, const char* time) {
+            auto ev = line(id, "o1", amount);
+            ev.time = time;
+            return from(ev, "src", "m-" + id);
+        };
+        const std::vector log{at("e1", 1, "1970-01-01T00:00:00Z"), at("e2", 2, "2099-01-01T00:00:00Z"),
+                              at("e3", 4, "1970-01-01T00:10:00Z")};
+        for (std::size_t i = 0; i < log.size(); i += batch) {
+            store.apply(std::span<const idem::delivery>(log.data() + i, std::min(batch, log.size() - i)));
+        }
+        auto snap = store.read();
+        CHECK(snap.get<order_total>("order-totals", "o1")->state.total == 5);
+        CHECK(dead_with(snap, idem::reason::future_event) == 1);
+        CHECK(snap.consumer(consumer).stats().late_events == 0);
+    }
+}
+
 TEST_CASE("a jump forward confirmed by later events moves the clock; a sequenced future event still advances its stream") {
     temp_dir dir;
     auto o = timed_options(dir.path(), 1h);
