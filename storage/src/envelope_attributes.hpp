@@ -118,6 +118,11 @@ inline bool read_sequence(simdjson::ondemand::value value, std::optional<std::ui
     }
     if (type == simdjson::ondemand::json_type::number) {
         if (value.get_uint64().get(n) != simdjson::SUCCESS) {
+            const auto token = trim_right(value.raw_json_token());
+            if (!token.empty() && token.find_first_not_of("0123456789") == std::string_view::npos) {
+                return fail(err, reason::invalid_sequence, "attribute 'sequence' is ", token,
+                            ", more than 18446744073709551615, the largest sequence");
+            }
             return fail(err, reason::invalid_sequence, "attribute 'sequence' must be a positive integer");
         }
     } else if (type == simdjson::ondemand::json_type::string) {
@@ -126,6 +131,10 @@ inline bool read_sequence(simdjson::ondemand::value value, std::optional<std::ui
             return fail(err, reason::invalid_sequence, "attribute 'sequence' is not a valid string");
         }
         auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), n);
+        if (ec == std::errc::result_out_of_range && ptr == s.data() + s.size()) {
+            return fail(err, reason::invalid_sequence, "attribute 'sequence' is \"", s,
+                        "\", more than 18446744073709551615, the largest sequence");
+        }
         if (ec != std::errc{} || ptr != s.data() + s.size() || s.empty()) {
             return fail(err, reason::invalid_sequence,
                         "attribute 'sequence' must be a decimal integer, got \"" + std::string(s) + "\"");

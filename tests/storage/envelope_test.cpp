@@ -88,6 +88,14 @@ TEST_CASE("sequence is a decimal string or an integer, 1-based, and needs a subj
     auto p = parse(R"({"specversion":"1.0","id":"1","source":"s","type":"t","sequence":"2"})");
     CHECK_FALSE(p.ok);
     CHECK(p.err.why == idem::reason::invalid_sequence);
+    // One past the largest: positive, and said to be too large rather than not positive.
+    p = parse(R"({"specversion":"1.0","id":"1","source":"s","type":"t","subject":"x","sequence":18446744073709551616})");
+    CHECK(p.err.why == idem::reason::invalid_sequence);
+    CHECK(p.err.detail == "attribute 'sequence' is 18446744073709551616, more than 18446744073709551615, the largest sequence");
+    p = parse(R"({"specversion":"1.0","id":"1","source":"s","type":"t","subject":"x","sequence":"18446744073709551616"})");
+    CHECK(p.err.why == idem::reason::invalid_sequence);
+    CHECK(p.err.detail ==
+          "attribute 'sequence' is \"18446744073709551616\", more than 18446744073709551615, the largest sequence");
 }
 
 TEST_CASE("malformed events are rejected with a reason that names the cause") {
