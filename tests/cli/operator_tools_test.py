@@ -311,6 +311,27 @@ class parked_test(case):
         self.assertEqual(p.returncode, 1)
         self.assertIn("stream 'o9' has nothing parked", p.stderr)
 
+    def test_rebuild_refuses_to_undo_a_release_unless_told_and_verify_names_it(self):
+        db = self.path("db")
+        log = self.gaps()
+        run("consume", "--db", db, "--log", log)
+        run("release", "--db", db, "--stream", "o1", "--reason", "2 and 5 were lost")
+        released = self.totals(db)
+        p = run("verify", "--db", db, "--log", log, check=False)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn("it holds 1 operator action, release or redrive, whose effects no log holds", p.stderr)
+        p = run("rebuild", "--db", db, "--log", log, check=False)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("holds 1 operator action (release of stream 'o1' in commit", p.stderr)
+        self.assertIn("Rebuild with --discard-operator-actions", p.stderr)
+        self.assertEqual(self.totals(db), released)  # untouched
+        self.assertEqual(len(jsonl(run("audit", "--db", db).stdout)), 1)
+        run("rebuild", "--db", db, "--log", log, "--discard-operator-actions")
+        self.assertEqual(self.totals(db), {"o1": {"total": 10, "lines": 1}, "o3": {"total": 1, "lines": 1}})
+        self.assertEqual(run("audit", "--db", db).stdout, "")
+        run("rebuild", "--db", db, "--log", log)  # nothing to undo any more
+        run("verify", "--db", db, "--log", log)
+
     def test_release_refuses_a_store_another_process_writes(self):
         db = self.path("db")
         run("consume", "--db", db, "--log", self.gaps())

@@ -2,6 +2,7 @@
 // one sync, then one atomic swap of the two directories.
 
 #include <idem/sources/rebuild.hpp>
+#include <idem/projections/store.hpp>
 #include <idem/projections/store_hooks.hpp>
 
 #include "log_run.hpp"
@@ -57,6 +58,33 @@ void check_rebuild_target(const std::filesystem::path& target) {
                                                 ": its data.mdb is not an LMDB file (no LMDB meta page); "
                                                 "not replacing it");
     }
+}
+
+// Refuses to undo what operators did (release, redrive): those decisions are in the store's
+// audit, not in the logs. A store that cannot be read is rebuilt: that is how it is repaired.
+void check_operator_actions(const std::filesystem::path& target, const rebuild_options& options) {
+    if (options.discard_operator_actions || detail::file_size_or_zero(target / "data.mdb") == 0) return;
+    std::vector<operator_action> actions;
+    try {
+        actions = snapshot::open(target).consumer(options.store.consumer).operator_actions();
+    } catch (const std::exception&) {
+        return;
+    }
+    if (actions.empty()) return;
+    std::string listed;
+    for (std::size_t i = 0; i < actions.size() && i < 3; ++i) {
+        const auto& a = actions[i];
+        listed += (i ? "; " : "") + a.action + (a.stream.empty() ? "" : " of stream '" + a.stream + "'") +
+                  " in commit " + std::to_string(a.commit) + (a.note.empty() ? "" : " ('" + a.note + "')");
+    }
+    if (actions.size() > 3) listed += "; ...";
+    throw_error(errc::invalid_argument,
+                target.string() + ": holds " + std::to_string(actions.size()) + " operator action" +
+                    (actions.size() == 1 ? "" : "s") + " (" + listed +
+                    ") that no log holds; a rebuild from the logs would undo " +
+                    (actions.size() == 1 ? "it" : "them") +
+                    " (released streams would wait for their gaps again). Rebuild with "
+                    "--discard-operator-actions, then repeat what is still needed (idem audit lists them)");
 }
 
 }  // namespace
@@ -117,6 +145,7 @@ log_run_result rebuild(const rebuild_options& options) {
     // through the swap; a writer that waited for it then finds the new store at the path.
     writer_lock lock{target, options.store.wait_for_writer};
     check_rebuild_target(target);  // again, now that nobody else writes there
+    check_operator_actions(target, options);
     auto fresh = target;
     fresh += ".rebuild";
     remove_store_dir(fresh);  // left by a rebuild that was killed: start over

@@ -21,6 +21,7 @@ int rebuild_logs(const tool_context& t, const arguments& a) {
     const auto mb = a.number("memory", 1024);  // 0: rows are written after every batch
     if (mb > (std::uint64_t{1} << 40)) throw usage_error("option '--memory': " + std::to_string(mb) + " MB is too large");
     o.memory_budget = static_cast<std::size_t>(mb) << 20;
+    o.discard_operator_actions = a.flag("discard-operator-actions");
     auto r = rebuild(o);
     bar.finish();
     return report_run("rebuilt " + o.store.path.string(), r);
@@ -83,6 +84,9 @@ std::vector<command> log_run_commands(context_fn t) {
         "build every projection from event logs into a fresh environment, then swap it in atomically",
         {db_option, log_option, format_option, skip_bad_option, batch_option,
          {"memory", "MB", "rows are aggregated in memory up to about this much, then written (default 1024)"},
+         {"discard-operator-actions", "",
+          "rebuild a store whose audit holds operator actions (release, redrive), which the logs do not hold: "
+          "the rebuild undoes them"},
          wait_option, inbox_retention_option, lateness_option, transport_option, future_skew_option, resend_option},
         [t](const arguments& a) { return rebuild_logs(t(), a); }});
     auto consume_log = log_option;

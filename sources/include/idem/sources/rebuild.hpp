@@ -25,6 +25,9 @@ struct rebuild_options : log_run_options {
     rebuild_options() { batch = 10'000; }
     /// Rows are aggregated in memory up to about this many bytes, then written in key order.
     std::size_t memory_budget = std::size_t{1} << 30;
+    /// Operator actions recorded in the target (release, redrive: `idem audit`) are decisions no
+    /// log holds, which a rebuild would undo: it refuses such a target unless this is set.
+    bool discard_operator_actions = false;
 };
 
 /// Returns dir absolute and normalized, without a trailing separator ("data/" -> "/cwd/data").
@@ -35,8 +38,8 @@ std::filesystem::path normalized_dir(const std::filesystem::path& dir);
 /// A rebuild killed at any point leaves the target untouched; rerunning it starts over. Holds
 /// the target's writer lock throughout, so a store another process writes (a consumer, another
 /// rebuild) is refused with errc::store_locked (or waited for: store.wait_for_writer). Refuses
-/// a target that holds anything but a store's files (a rebuild replaces the whole directory).
-/// Throws std::system_error naming the file and the cause on an I/O or storage failure.
+/// a target that holds anything but a store's files (a rebuild replaces the whole directory),
+/// and one whose consumer holds operator actions (see discard_operator_actions). Throws std::system_error naming the file and the cause on an I/O or storage failure.
 log_run_result rebuild(const rebuild_options& options);
 
 /// Builds an environment at options.store.path (which must not exist yet or be empty) from
