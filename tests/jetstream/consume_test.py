@@ -10,6 +10,7 @@ Set IDEM_SOAK=1 for longer runs (more events, more kills); the default is the CI
 
 import json
 import os
+import re
 import random
 import shutil
 import signal
@@ -358,19 +359,29 @@ class consumer_kill_test(consume_case):
         p = self.start(self.path("db"), "ORD", "c1", *settings, env=dict(os.environ, IDEM_CRASH_AT="before_commit:2"))
         p.wait(60)
         self.assertEqual(p.returncode, -signal.SIGKILL)
-        held = self.consumer_info()["num_ack_pending"]
+        info = self.consumer_info()
+        held = info["num_ack_pending"]
         self.assertGreater(held, 0)
+        # Held are the messages after the ack floor; those at or below the checkpoint were committed
+        # (their acks did not leave before the kill) and are not lost.
+        committed = self.stored_checkpoint(self.path("db")) or 0
+        floor = info["ack_floor_stream_seq"]
+        lost = [seq for seq in range(floor + 1, floor + held + 1) if seq > committed]
         _, q = self.consume(self.path("db"), "ORD", "c1", *settings, check=False, timeout=120)
         self.assertEqual(q.returncode, 2, q.stderr)
-        self.assertRegex(q.stderr, r"stream 'ORD' sequence \d+ reached MaxDeliver 1 without a committed outcome")
+        self.assertRegex(q.stderr, r"\d+ messages? of stream 'ORD' reached MaxDeliver 1 without a committed outcome")
         record = os.path.join(self.path("db"), "jetstream-exhausted.nats_ORD_c1")
         self.assertTrue(os.path.exists(record))
+        # Every one of them is named, not only the first: the server tells of each once.
+        with open(record) as f:
+            named = [int(m) for m in re.findall(r"^sequence (\d+) ", f.read(), re.M)]
+        self.assertEqual(sorted(named), lost)
         # The next run does not go on as if nothing happened: it refuses, naming the record and the way out.
         _, again = self.consume(self.path("db"), "ORD", "c1", *settings, check=False, timeout=120)
         self.assertEqual(again.returncode, 2, again.stderr)
         self.assertIn("reached MaxDeliver without a committed outcome", again.stderr)
         self.assertIn(record, again.stderr)
-        self.assertRegex(again.stderr, r"sequence \d+ reached MaxDeliver 1")
+        self.assertRegex(again.stderr, r"sequence \d+ \(Nats-Msg-Id '[^']+'\) was not committed by its last delivery")
         self.assertIn("--accept-exhausted", again.stderr)
         # Accepted once: the run goes on to the end, the record is gone, and later runs start as usual.
         r, accepted = self.consume(self.path("db"), "ORD", "c1", *settings, "--accept-exhausted", check=False,
@@ -624,6 +635,44 @@ class refusal_test(consume_case):
         self.consume(self.path("db"), "ORD", "c1", "--accept-stream-reset")
         self.assertEqual(self.rows(self.path("db")), self.reference(self.write_lines("seen.jsonl", seen)))
         self.assert_drained()
+
+    def test_a_filtered_consumer_restarts_when_the_stream_ends_on_another_subject(self):
+        # The server moves a filtered consumer's ack floor past the subjects it does not take
+        # (and past deleted messages): only a message it would deliver may count as acked elsewhere.
+        lines = self.small_log(events=200)
+        with self.ns.connect() as c:
+            c.api("$JS.API.STREAM.CREATE.MIX", {"name": "MIX", "subjects": ["orders.>", "other.>"], "storage": "file"})
+        self.publish(self.write_lines("a.jsonl", lines), "MIX", "orders.>")
+        self.publish(self.write_lines("b.jsonl", lines[:20]), "MIX", "other.b", "--msg-id", "none")
+        for _ in range(2):
+            r, p = self.consume(self.path("db"), "MIX", "c1", "--subject", "orders.>", check=False)
+            self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(self.rows(self.path("db")), self.reference(self.path("a.jsonl")))
+        # Unfiltered, the stream's last message deleted before it was consumed: a restart goes on too.
+        self.publish(self.write_lines("c.jsonl", lines[:30]), "DEL", "del.>")
+        last = self.ns.stream_info("DEL")["last_seq"]
+        with self.ns.connect() as c:
+            c.api("$JS.API.STREAM.MSG.DELETE.DEL", {"seq": last})
+        for _ in range(2):
+            r, p = self.consume(self.path("db-del"), "DEL", "c1", check=False)
+            self.assertEqual(p.returncode, 0, p.stderr)
+        # A message of its own filter acked for another store still stops it (the guard stays).
+        self.publish(self.write_lines("d.jsonl", lines[:5]), "MIX", "orders.>", "--msg-id", "none")
+        self.consume(self.path("db"), "MIX", "c1", "--subject", "orders.>")
+        _, p = self.consume(self.path("db-other"), "MIX", "c1", "--subject", "orders.>", check=False)
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertIn("the consumer was used for another store", p.stderr)
+
+    def test_ack_wait_and_backoff_together_are_refused_naming_why(self):
+        self.publish(self.write_lines("a.jsonl", self.small_log()))
+        _, p = self.consume(self.path("db"), "ORD", "bo", "--backoff", "1s,5s", "--max-deliver", 3, "--ack-wait",
+                            "1m", check=False)
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertIn("AckWait 1m and BackOff 1s,5s together", p.stderr)
+        self.assertIsNone(self.consumer_info("ORD", "bo"))  # nothing created
+        for _ in range(2):  # BackOff alone: created, then bound again on a restart
+            _, p = self.consume(self.path("db"), "ORD", "bo", "--backoff", "1s,5s", "--max-deliver", 3, check=False)
+            self.assertEqual(p.returncode, 0, p.stderr)
 
     def test_a_retention_shorter_than_the_backoff_bound_is_refused_naming_both(self):
         self.publish(self.write_lines("a.jsonl", self.small_log()))

@@ -101,6 +101,14 @@ consumer_config ensure_consumer(const connection& c, const source_options& o) {
         }
     }
     if (o.consumer.empty()) throw_error(errc::invalid_argument, "a JetStream source needs a consumer name");
+    if (o.settings.ack_wait && o.settings.backoff && !o.settings.backoff->empty()) {
+        // The server takes BackOff's first delay as the AckWait: the one given would not hold.
+        throw_error(errc::invalid_argument, "AckWait " + format_duration(*o.settings.ack_wait) + " and BackOff " +
+                                                durations(*o.settings.backoff) +
+                                                " together: with a BackOff the server waits its first delay (" +
+                                                format_duration(o.settings.backoff->front()) +
+                                                ") for the first delivery instead of AckWait; give one of them");
+    }
     if (auto ci = consumer_info(c, o.stream, o.consumer)) {
         auto have = config_of(*ci->Config);
         check_matches(*ci, have, o);
@@ -180,6 +188,41 @@ stream_state read_stream(const connection& c, const std::string& stream) {
     return {si->State.FirstSeq, si->State.LastSeq, si->Created};
 }
 
+std::optional<std::uint64_t> next_matching(const connection& c, const std::string& stream, const std::string& filter,
+                                           std::uint64_t after) {
+    // The stream API's message get with next_by_subj (nats-server 2.9): the first message at or
+    // after seq on the subject filter.
+    std::string request = "{\"seq\":" + std::to_string(after + 1) + ",\"next_by_subj\":\"";
+    for (char ch : filter.empty() ? std::string(">") : filter) {
+        if (ch == '"' || ch == '\\') request += '\\';
+        request += ch;
+    }
+    request += "\"}";
+    natsMsg* reply = nullptr;
+    const auto subject = "$JS.API.STREAM.MSG.GET." + stream;
+    check_nats(natsConnection_Request(&reply, c.nc(), subject.c_str(), request.data(), static_cast<int>(request.size()),
+                                      5000),
+               "reading stream '" + stream + "' after sequence " + std::to_string(after) + " at '" + c.servers() + "'",
+               jsErrCode{});
+    const std::string body(natsMsg_GetData(reply), static_cast<std::size_t>(natsMsg_GetDataLength(reply)));
+    natsMsg_Destroy(reply);
+    // {"type":..,"message":{"subject":..,"seq":N,..}} or {"type":..,"error":{"code":404,..}}
+    const auto message = body.find("\"message\":");
+    if (message == std::string::npos) {
+        if (body.find("\"code\":404") != std::string::npos) return std::nullopt;
+        throw_error(errc::broker_failed, "reading stream '" + stream + "' after sequence " + std::to_string(after) +
+                                             ": unexpected answer " + body.substr(0, 200));
+    }
+    const auto key = body.find("\"seq\":", message);
+    if (key == std::string::npos) {
+        throw_error(errc::broker_failed, "reading stream '" + stream + "': an answer without a sequence");
+    }
+    std::uint64_t seq = 0;
+    const auto digits = body.data() + key + 6;
+    std::from_chars(digits, body.data() + body.size(), seq);
+    return seq;
+}
+
 std::string checkpoint_detail(const stream_state& s) { return "created=" + std::to_string(s.created); }
 
 void check_stream(const stream_state& now, std::uint64_t position, const std::string& detail,
@@ -194,6 +237,10 @@ void check_stream(const stream_state& now, std::uint64_t position, const std::st
         why = "starts at sequence " + std::to_string(now.first_sequence) + ": the messages after the checkpoint at " +
               std::to_string(position) + " up to " + std::to_string(now.first_sequence - 1) +
               " were removed (purged, or past the stream's limits) before they were applied";
+        if (!o.filter_subject.empty()) {
+            why += " (whether they were on subjects the filter '" + o.filter_subject +
+                   "' takes cannot be told once they are gone)";
+        }
     }
     if (why.empty() || accept) return;
     throw_error(errc::stream_changed, "stream '" + o.stream + "' " + why +

@@ -48,6 +48,12 @@ stream_state read_stream(const connection& c, const std::string& stream);
 /// A checkpoint's detail: which incarnation of the stream its position counts in.
 std::string checkpoint_detail(const stream_state& s);
 
+/// Returns the sequence of the stream's first message after sequence `after` whose subject
+/// matches filter (every subject when empty), or nullopt when there is none: what a consumer
+/// with that filter would deliver next. Deleted messages and other subjects are skipped.
+std::optional<std::uint64_t> next_matching(const connection& c, const std::string& stream, const std::string& filter,
+                                           std::uint64_t after);
+
 /// Checks a stored checkpoint (position and detail) against the stream now: throws
 /// errc::stream_changed when the stream went back behind it (recreated, or purged past it, or
 /// its last sequence below it), naming both, unless accept is set.

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
@@ -130,6 +131,9 @@ struct source::impl {
     clock::time_point paused_until{};  // after a failed commit: wait before fetching more
     clock::time_point next_touch_due{};  // no held message needs an in-progress ack before this
     std::vector<std::uint64_t> exhausted;  // sequences the server will not deliver again (advisories)
+    std::vector<std::string> lost;  // each message that reached MaxDeliver without a committed outcome
+    std::vector<std::uint64_t> lost_sequences;  // their sequences
+    std::vector<std::uint64_t> accepted;  // sequences the operator accepted as handled (--accept-exhausted)
     source_result result;
 
     std::string source_name;
@@ -137,6 +141,8 @@ struct source::impl {
 
     void complete(std::uint64_t token, std::error_code ec, const outcome& out);
     void fail(errc e, std::string text);
+    void lose(std::uint64_t sequence, std::string what);
+    std::string lost_summary() const;
     bool stopping() const {
         return stop_requested.load() || (o.stop != nullptr && o.stop->load());
     }
@@ -185,6 +191,26 @@ void source::impl::fail(errc e, std::string text) {
     fatal_text = std::move(text);
 }
 
+void source::impl::lose(std::uint64_t sequence, std::string what) {
+    // Under m. Every such message is named, not only the first: the server tells of each once.
+    // One that failed its last delivery here is told of by an advisory too: named once.
+    if (std::find(lost_sequences.begin(), lost_sequences.end(), sequence) != lost_sequences.end()) return;
+    lost.push_back("sequence " + std::to_string(sequence) + std::move(what));
+    lost_sequences.push_back(sequence);
+    fail(errc::delivery_exhausted, "");
+}
+
+std::string source::impl::lost_summary() const {
+    // Under m.
+    std::string text = std::to_string(lost.size()) + " message" + (lost.size() == 1 ? "" : "s") + " of stream '" +
+                       o.stream + "' reached MaxDeliver " + std::to_string(cc.max_deliver) +
+                       " without a committed outcome, and the server will not deliver " +
+                       (lost.size() == 1 ? "it" : "them") + " again: ";
+    for (std::size_t i = 0; i < lost.size() && i < 5; ++i) text += (i ? "; " : "") + lost[i];
+    if (lost.size() > 5) text += "; and " + std::to_string(lost.size() - 5) + " more";
+    return text + ". Publish them again once the cause is fixed";
+}
+
 void source::impl::complete(std::uint64_t token, std::error_code ec, const outcome& out) {
     held h;
     {
@@ -217,12 +243,9 @@ void source::impl::complete(std::uint64_t token, std::error_code ec, const outco
             ++result.nakked;
             paused_until = clock::now() + o.nak_delay;
             if (cc.max_deliver > 0 && static_cast<std::int64_t>(h.delivered) >= cc.max_deliver) {
-                fail(errc::delivery_exhausted,
-                     "stream '" + o.stream + "' sequence " + std::to_string(h.sequence) +
-                         (h.message_id.empty() ? std::string() : " (Nats-Msg-Id '" + h.message_id + "')") +
-                         " failed to commit on its delivery " + std::to_string(h.delivered) + " of MaxDeliver " +
-                         std::to_string(cc.max_deliver) + " (" + ec.message() +
-                         "); the server will not deliver it again: publish it again once the cause is fixed");
+                lose(h.sequence,
+                     (h.message_id.empty() ? std::string() : " (Nats-Msg-Id '" + h.message_id + "')") +
+                     " failed to commit on its last delivery (" + ec.message() + ")");
             }
         }
         (void)sent;  // a lost ack only makes the server deliver the message again: a duplicate
@@ -272,6 +295,10 @@ void source::impl::check_exhausted(engine& e) {
     std::vector<std::uint64_t> seqs;
     {
         std::scoped_lock lock{m};
+        std::erase_if(exhausted, [&](std::uint64_t seq) {
+            // Its advisory may come again after the run that recorded it: the operator handled it.
+            return std::find(accepted.begin(), accepted.end(), seq) != accepted.end();
+        });
         for (auto seq : exhausted) {
             bool held_now = std::any_of(in_flight.begin(), in_flight.end(),
                                         [&](const auto& kv) { return kv.second.sequence == seq; });
@@ -285,7 +312,9 @@ void source::impl::check_exhausted(engine& e) {
         if (js_GetMsg(&msg, conn->js(), o.stream.c_str(), seq, nullptr, &jerr) != NATS_OK) continue;  // gone: nothing to apply
         const char* id = nullptr;
         std::string message_id;
+        std::string nats_id;
         if (natsMsgHeader_Get(msg, "Nats-Msg-Id", &id) == NATS_OK && id != nullptr) {
+            nats_id = id;
             message_id = transport_message_id(o.stream, id);
         } else {
             envelope ev;
@@ -299,9 +328,8 @@ void source::impl::check_exhausted(engine& e) {
         natsMsg_Destroy(msg);
         if (!message_id.empty() && e.read().consumer(e.options().store.consumer).inbox_lookup(message_id)) continue;
         std::scoped_lock lock{m};
-        fail(errc::delivery_exhausted, "stream '" + o.stream + "' sequence " + std::to_string(seq) +
-                                           " reached MaxDeliver " + std::to_string(cc.max_deliver) +
-                                           " without a committed outcome: the server will not deliver it again");
+        lose(seq, (nats_id.empty() ? std::string() : " (Nats-Msg-Id '" + nats_id + "')") +
+             " was not committed by its last delivery");
     }
 }
 
@@ -358,6 +386,8 @@ source_result source::run(engine& e) {
         std::ifstream in{record};
         std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
         while (!text.empty() && text.back() == '\n') text.pop_back();
+        if (text.empty()) text = "(the record is empty: it could not be written; the run that stopped named the messages)";
+        for (auto& ch : text) ch = ch == '\n' ? ';' : ch;  // a line per message
         if (!s.o.accept_exhausted) {
             throw_error(errc::delivery_exhausted,
                         "an earlier run of consumer '" + s.o.consumer + "' of stream '" + s.o.stream +
@@ -365,6 +395,13 @@ source_result source::run(engine& e) {
                             record.string() + "): " + text +
                             "; publish them again (or decide to go without them), then start once with "
                             "--accept-exhausted");
+        }
+        // The record's lines begin "sequence N": those are handled now.
+        for (std::size_t at = text.find("sequence "); at != std::string::npos; at = text.find(";sequence ", at + 1)) {
+            if (text[at] == ';') ++at;
+            std::uint64_t seq = 0;
+            std::from_chars(text.data() + at + 9, text.data() + text.size(), seq);
+            if (seq != 0) s.accepted.push_back(seq);
         }
         std::filesystem::remove(record);
     }
@@ -379,16 +416,23 @@ source_result source::run(engine& e) {
     // consumer's ack floor is never ahead of this store's checkpoint, unless the consumer
     // acked for another store (a new one, or this one restored from an older copy): the
     // server will not deliver those messages again, and they would be missing here.
+    // The server moves the ack floor past messages the consumer never delivers (other subjects
+    // than its filter, deleted ones): only a message it would deliver in between counts.
+    const std::uint64_t floor = std::max(position, s.o.start_sequence > 0 ? s.o.start_sequence - 1 : 0);
     if (auto ci = detail::consumer_info(*s.conn, s.o.stream, s.o.consumer);
-        ci && ci->AckFloor.Stream > std::max(position, s.o.start_sequence > 0 ? s.o.start_sequence - 1 : 0) &&
-        !s.o.accept_stream_reset) {
-        throw_error(errc::invalid_argument,
-                    "consumer '" + s.o.consumer + "' of stream '" + s.o.stream + "' has acknowledged up to sequence " +
-                        std::to_string(ci->AckFloor.Stream) + ", but " + e.options().store.path.string() +
-                        " holds the stream only up to " + std::to_string(position) +
-                        ": the consumer was used for another store (or this one is an older copy), and the "
-                        "messages in between would never be applied here; use another consumer name (it "
-                        "replays the stream into this store), or --accept-stream-reset to go on without them");
+        ci && ci->AckFloor.Stream > floor && !s.o.accept_stream_reset) {
+        const auto missed = detail::next_matching(*s.conn, s.o.stream, s.cc.filter_subject, floor);
+        if (missed && *missed <= ci->AckFloor.Stream) {
+            throw_error(errc::invalid_argument,
+                        "consumer '" + s.o.consumer + "' of stream '" + s.o.stream +
+                            "' has acknowledged up to sequence " + std::to_string(ci->AckFloor.Stream) + ", but " +
+                            e.options().store.path.string() + " holds the stream only up to " +
+                            std::to_string(position) + " (sequence " + std::to_string(*missed) +
+                            " lies between): the consumer was used for another store (or this one is an older "
+                            "copy), and the messages in between would never be applied here; use another consumer "
+                            "name (it replays the stream into this store), or --accept-stream-reset to go on "
+                            "without them");
+        }
     }
     const std::uint64_t target = now.last_sequence;
     {
@@ -423,13 +467,28 @@ source_result source::run(engine& e) {
         {
             std::scoped_lock lock{s.m};
             if (s.fatal != errc::delivery_exhausted) return;
-            text = s.fatal_text;
+            s.fatal_text = s.lost_summary();
+            for (const auto& line : s.lost) text += (text.empty() ? "" : "\n") + line;
         }
         try {
             append_synced(path, text);
+            std::scoped_lock lock{s.m};
+            if (s.lost.size() > 5) s.fatal_text += " (each is listed in " + path.string() + ")";
         } catch (const std::system_error& err) {
             std::scoped_lock lock{s.m};
-            s.fatal_text += " (and it could not be recorded: " + std::string(err.what()) + ")";
+            // Then this message is all the operator gets: every sequence, as ranges.
+            auto seqs = s.lost_sequences;
+            std::sort(seqs.begin(), seqs.end());
+            std::string ranges;
+            for (std::size_t i = 0; i < seqs.size();) {
+                auto j = i;
+                while (j + 1 < seqs.size() && seqs[j + 1] <= seqs[j] + 1) ++j;
+                ranges += (ranges.empty() ? "" : ", ") + std::to_string(seqs[i]) +
+                          (seqs[j] != seqs[i] ? "-" + std::to_string(seqs[j]) : std::string());
+                i = j + 1;
+            }
+            s.fatal_text += " (and it could not be recorded: " + std::string(err.what()) + "; the sequences: " +
+                            ranges + ")";
         }
     };
 
@@ -444,6 +503,27 @@ source_result source::run(engine& e) {
             s.conn->flush(std::chrono::seconds(5));
         } catch (const std::system_error&) {
             // Disconnected: acks not yet sent are lost, and the messages come again as duplicates.
+        }
+        lock.lock();
+        const bool exhausted_stop = s.fatal == errc::delivery_exhausted;
+        lock.unlock();
+        if (exhausted_stop) {
+            // Messages an earlier run held may reach MaxDeliver after this run stops, and the
+            // server tells of each once: listen until none is held (bounded by the longest wait).
+            auto longest = s.cc.ack_wait;
+            for (auto d : s.cc.backoff) longest = std::max(longest, d);
+            const auto until = clock::now() + longest + std::chrono::seconds(2);
+            while (clock::now() < until) {
+                try {
+                    auto ci = detail::consumer_info(*s.conn, s.o.stream, s.o.consumer);
+                    if (!ci || ci->NumAckPending == 0) break;
+                } catch (const std::system_error&) {
+                    break;
+                }
+                std::this_thread::sleep_for(std::chrono::milliseconds(200));
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the last advisories' way here
+            s.check_exhausted(e);
         }
         {
             std::scoped_lock gate_lock{gate->m};
@@ -462,7 +542,9 @@ source_result source::run(engine& e) {
                 std::unique_lock lock{s.m};
                 if (s.fatal) break;
                 if (s.stopping()) break;
-                auto window = static_cast<std::size_t>(std::max<std::int64_t>(s.cc.max_ack_pending, 1));
+                // MaxAckPending -1 is unlimited on the server: hold as many as the default would.
+                auto window = s.cc.max_ack_pending > 0 ? static_cast<std::size_t>(s.cc.max_ack_pending)
+                                                       : std::max<std::size_t>(1000, 2 * s.o.fetch_batch);
                 room = window > s.outstanding ? window - s.outstanding : 0;
                 // Completions free the window one message at a time: fetching as soon as one
                 // is free would cost a round trip per message. Wait for half a fetch's worth
