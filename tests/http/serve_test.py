@@ -222,6 +222,49 @@ class cloudevents_tests(serve_case):
         self.assertEqual(out["outcomes"][1]["reason"], "missing_id")
         self.assertEqual(s.row("o-k")[1]["state"]["total"], 7)
 
+    def test_a_batch_hands_each_event_over_as_sent_and_no_nesting_stops_the_server(self):
+        s = self.start()
+        raw = lambda i, o, a, extra="": ('{"specversion":"1.0","id":"%s","source":"/t","type":"order.line_added",'
+                                         '"data":{"order_id":"%s","amount":%d%s}}' % (i, o, a, extra))
+        deep = ('{"specversion":"1.0","id":"g4","source":"/t","type":"order.line_added","data":' + "[" * 30000 +
+                "]" * 30000 + "}")
+        # Valid JSON a strict decoder rejects (a number past a double, a lone surrogate) is each
+        # event's own business: the others of the batch are applied.
+        body = "[" + ",".join([raw("g1", "ok", 100), raw("g2", "o2", 1, ',"note":1e400'),
+                               raw("g3", "o3", 2, ',"note":"\\ud800"'), deep]) + "]"
+        status, _, out = s.post(body, "application/cloudevents-batch+json")
+        self.assertEqual(status, 200, out)
+        self.assertEqual(len(out["outcomes"]), 4, out)
+        self.assertEqual(out["outcomes"][0]["outcome"], "applied")
+        self.assertEqual(out["outcomes"][3]["reason"], "invalid_json")
+        self.assertIn("nested deeper than 1024 levels", out["outcomes"][3]["detail"])
+        # An integer past 64 bits is kept as sent: the same event structured is the same message.
+        big = raw("g5", "o5", 1, ',"note":123456789012345678901')
+        status, _, first = s.post(big)
+        status, _, again = s.post("[" + big + "]", "application/cloudevents-batch+json")
+        self.assertEqual(again["outcomes"][0]["outcome"], "duplicate_message", (first, again))
+        # Content after the array: not a batch, 400 (nothing applied). An array nested far deeper
+        # than any limit: a batch of one malformed event.
+        status, _, out = s.post("[" + raw("g6", "o6", 1) + "]\x00junk", "application/cloudevents-batch+json")
+        self.assertEqual(status, 400, out)
+        self.assertEqual(out["outcomes"][0]["reason"], "invalid_json")
+        status, _, out = s.post("[" * 200000 + "]" * 200000, "application/cloudevents-batch+json")
+        self.assertEqual(status, 200, out)
+        self.assertEqual([o["reason"] for o in out["outcomes"]], ["invalid_json"])
+        headers = {"ce-specversion": "1.0", "ce-id": "bx1", "ce-source": "/t", "ce-type": "order.line_added"}
+        status, _, out = s.post("[" * 200000 + "]" * 200000, "application/json", headers)
+        self.assertEqual(status, 400, out)
+        self.assertIn("attribute 'data' is nested deeper than 1024 levels", out["outcomes"][0]["detail"])
+        # Binary mode: a body that is not one JSON value could add attributes of its own; it is not embedded.
+        status, _, out = s.post('{"order_id":"x2","amount":1}, "subject":"evil"', "application/json",
+                                dict(headers, **{"ce-id": "bx2"}))
+        self.assertEqual(status, 400, out)
+        self.assertEqual(out["outcomes"][0]["reason"], "invalid_json")
+        self.assertEqual(s.row("ok")[1]["state"]["total"], 100)
+        self.assertEqual(s.row("o6")[0], 404)
+        self.assertEqual(s.row("x2")[0], 404)
+        self.assertEqual(s.stop(), 0)
+
     def test_other_content_types_are_415_and_apply_nothing(self):
         s = self.start()
         status, _, out = s.post(json.dumps(event("t-1", "o-t", 1)), "text/plain")

@@ -8,6 +8,7 @@
 #include <rapidjson/pointer.h>
 #include <rapidjson/stringbuffer.h>
 #include <rapidjson/writer.h>
+#include <simdjson.h>
 
 #include <algorithm>
 #include <cctype>
@@ -56,6 +57,48 @@ delivery raw(std::string_view body) {
 
 std::string text_of(const rapidjson::StringBuffer& b) { return std::string(b.GetString(), b.GetSize()); }
 
+// The elements of a JSON array, each as the exact bytes it has in text (offset, length), none of
+// them decoded: events go to the engine as they were sent, which checks each in full (its
+// numbers, strings and depth) and answers each on its own. nullopt when text is not one
+// well-formed array: brackets or quotes unbalanced, or content after it. Nothing here
+// recurses, however deep the nesting.
+std::optional<std::vector<std::pair<std::size_t, std::size_t>>> array_elements(std::string_view text) {
+    using simdjson::ondemand::json_type;
+    thread_local simdjson::ondemand::parser parser;
+    const simdjson::padded_string padded(text);
+    simdjson::ondemand::document doc;
+    simdjson::ondemand::array array;
+    if (parser.iterate(padded).get(doc) != simdjson::SUCCESS || doc.get_array().get(array) != simdjson::SUCCESS) {
+        return std::nullopt;
+    }
+    std::vector<std::pair<std::size_t, std::size_t>> out;
+    for (auto element : array) {
+        simdjson::ondemand::value v;
+        json_type type{};
+        if (element.get(v) != simdjson::SUCCESS || v.type().get(type) != simdjson::SUCCESS) return std::nullopt;
+        std::string_view raw;
+        if (type == json_type::object) {
+            simdjson::ondemand::object o;
+            if (v.get_object().get(o) != simdjson::SUCCESS || o.raw_json().get(raw) != simdjson::SUCCESS) {
+                return std::nullopt;
+            }
+        } else if (type == json_type::array) {
+            simdjson::ondemand::array a;
+            if (v.get_array().get(a) != simdjson::SUCCESS || a.raw_json().get(raw) != simdjson::SUCCESS) {
+                return std::nullopt;
+            }
+        } else {
+            raw = v.raw_json_token();
+        }
+        while (!raw.empty() && (raw.back() == ' ' || raw.back() == '\n' || raw.back() == '\r' || raw.back() == '\t')) {
+            raw.remove_suffix(1);
+        }
+        out.emplace_back(static_cast<std::size_t>(raw.data() - padded.data()), raw.size());
+    }
+    if (doc.current_location().error() != simdjson::OUT_OF_BOUNDS) return std::nullopt;  // content after it
+    return out;
+}
+
 // Binary mode: the ce-* headers are the attributes, the body is the data.
 delivery binary_event(const header_list& h, std::string_view body) {
     rapidjson::StringBuffer buf;
@@ -70,11 +113,12 @@ delivery binary_event(const header_list& h, std::string_view body) {
     if (content_type) string_field(w, "datacontenttype", *content_type);
     if (!body.empty()) {
         if (!content_type || is_json_media(media_type(*content_type))) {
-            rapidjson::Document d;
-            d.Parse(body.data(), body.size());
-            if (d.HasParseError()) return raw(body);  // dead-lettered as invalid_json
+            // Embedded as it is when it is one JSON value (the engine checks the rest of it);
+            // anything else could close the object and add attributes of its own.
+            const auto one = array_elements("[" + std::string(body) + "]");
+            if (!one || one->size() != 1) return raw(body);  // dead-lettered as invalid_json
             w.Key("data");
-            w.RawValue(body.data(), body.size(), d.GetType());
+            w.RawValue(body.data(), body.size(), rapidjson::kObjectType);
         } else {
             string_field(w, "data_base64", base64_encode(body));
         }
@@ -103,7 +147,7 @@ std::optional<std::string> mapped(std::string_view how, const rapidjson::Documen
 delivery wrapped_event(const webhook_mapping& m, const header_list& h, std::string_view body,
                        const std::string& message_id) {
     rapidjson::Document d;
-    d.Parse(body.data(), body.size());
+    d.Parse<rapidjson::kParseIterativeFlag>(body.data(), body.size());  // no recursion per level
     if (d.HasParseError()) return raw(body);
     rapidjson::StringBuffer buf;
     writer w{buf};
@@ -219,22 +263,20 @@ ingest read_events(const header_list& headers, std::string_view body, const std:
         single(raw(body));
     } else if (type == "application/cloudevents-batch+json") {
         out.batch = true;
-        rapidjson::Document d;
-        d.Parse(body.data(), body.size());
-        if (d.HasParseError()) {
-            single(raw(body));  // one dead letter: invalid_json
-            return out;
-        }
-        if (!d.IsArray()) {
+        auto first = body.find_first_not_of(" \t\r\n");
+        if (first != std::string_view::npos && body[first] != '[') {
             out.status = 400;
             out.error = "a CloudEvents batch (application/cloudevents-batch+json) is a JSON array of events";
             return out;
         }
-        for (const auto& e : d.GetArray()) {
-            rapidjson::StringBuffer buf;
-            writer w{buf};
-            e.Accept(w);
-            delivery one = raw(text_of(buf));
+        const auto elements = array_elements(body);
+        if (!elements) {
+            out.batch = false;  // no events to answer one by one: a malformed body, 400 like any
+            single(raw(body));  // one dead letter: invalid_json
+            return out;
+        }
+        for (auto [at, size] : *elements) {
+            delivery one = raw(body.substr(at, size));  // the event's own bytes, not re-encoded
             one.transport = transport;  // each event is identified by its own id, not the request's
             out.deliveries.push_back(std::move(one));
         }
