@@ -367,6 +367,11 @@ class webhook_tests(serve_case):
             status, _, out = s.post(body, "application/json", headers)
             self.assertEqual(status, 200, out)
             self.assertEqual(out["outcomes"][0]["outcome"], expected)
+        # X-GitHub-Delivery is not signed: the captured body and signature replayed under a new
+        # one are the same event (named by the signed body), never applied again.
+        status, _, out = s.post(body, "application/json", dict(headers, **{"X-GitHub-Delivery": "d-attacker"}))
+        self.assertEqual(status, 200, out)
+        self.assertEqual(out["outcomes"][0]["outcome"], "duplicate_event", out)
         self.assertEqual(s.row("o-gh")[1]["state"]["total"], 7)
 
         body = json.dumps({"id": "evt_1", "type": "order.line_added", "order_id": "o-st", "amount": 9}).encode()
@@ -379,6 +384,12 @@ class webhook_tests(serve_case):
         self.assertEqual(s.row("o-st")[1]["state"]["total"], 9)
         status, _, out = s.post(body, "application/json", {"Stripe-Signature": f"t={t},v1={'0' * 64}"})
         self.assertEqual(status, 401, out)
+        # A timestamp at the int64 limits, signed with the right secret, is outside any tolerance.
+        for far in (str(-2**63), str(2**63 - 1)):
+            v1 = hmac.new(b"whsec_stripe", far.encode() + b"." + body, hashlib.sha256).hexdigest()
+            status, _, out = s.post(body, "application/json", {"Stripe-Signature": f"t={far},v1={v1}"})
+            self.assertEqual(status, 401, out)
+            self.assertIn("expired", out["error"])
 
     def test_an_inbox_retention_shorter_than_the_senders_retries_is_refused(self):
         p = subprocess.run([IDEM, "serve", "--db", self.db, "--listen", "127.0.0.1:0", "--inbox-retention", "1d"],

@@ -145,7 +145,7 @@ std::optional<std::string> mapped(std::string_view how, const rapidjson::Documen
 }
 
 delivery wrapped_event(const webhook_mapping& m, const header_list& h, std::string_view body,
-                       const std::string& message_id) {
+                       const std::string& default_id) {
     rapidjson::Document d;
     d.Parse<rapidjson::kParseIterativeFlag>(body.data(), body.size());  // no recursion per level
     if (d.HasParseError()) return raw(body);
@@ -154,7 +154,7 @@ delivery wrapped_event(const webhook_mapping& m, const header_list& h, std::stri
     w.StartObject();
     string_field(w, "specversion", "1.0");
     auto id = mapped(m.id, d, h);
-    if (!id && m.id.empty() && !message_id.empty()) id = message_id;
+    if (!id && m.id.empty() && !default_id.empty()) id = default_id;
     if (id) string_field(w, "id", *id);
     if (!m.source.empty()) string_field(w, "source", m.source);
     if (auto t = mapped(m.type, d, h)) string_field(w, "type", *t);
@@ -231,6 +231,7 @@ ingest read_events(const header_list& headers, std::string_view body, const std:
                    std::chrono::seconds now) {
     ingest out;
     std::string message_id;
+    std::string default_id;  // a wrapped event's id when its mapping names none: something the signature covers
     std::string transport;
     const webhook_mapping* mapping = nullptr;
     if (!senders.empty()) {
@@ -244,8 +245,12 @@ ingest read_events(const header_list& headers, std::string_view body, const std:
         transport = "webhook:" + s.sender->name;
         if (s.sender->scheme == signature_scheme::standard_webhooks) {
             message_id = std::string(headers.get("webhook-id").value_or(""));
+            default_id = message_id;  // signed with the body
         } else if (s.sender->scheme == signature_scheme::github) {
             message_id = std::string(headers.get("x-github-delivery").value_or(""));
+            // X-GitHub-Delivery is not signed: a captured body re-sent under a new one must
+            // still be the same event, so the event is named by what is signed, its body.
+            default_id = "sha256:" + hex_encode(sha256(body));
         }  // Stripe sends no delivery id: the event's own id (evt_...) is stable across its retries
         if (s.sender->mapping) mapping = &*s.sender->mapping;
     }
@@ -255,7 +260,7 @@ ingest read_events(const header_list& headers, std::string_view body, const std:
         out.deliveries.push_back(std::move(d));
     };
     if (mapping != nullptr) {
-        single(wrapped_event(*mapping, headers, body, message_id));
+        single(wrapped_event(*mapping, headers, body, default_id));
         return out;
     }
     const auto type = media_type(headers.get("content-type").value_or(""));

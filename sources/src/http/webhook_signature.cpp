@@ -33,8 +33,10 @@ bool parse_seconds(std::string_view text, std::int64_t& out) {
 }
 
 bool within(std::int64_t ts, std::chrono::seconds now, std::chrono::seconds tolerance) {
-    const auto diff = now.count() - ts;
-    return diff <= tolerance.count() && -diff <= tolerance.count();
+    // Compared without subtracting: a timestamp near the int64 limits must not overflow into
+    // "within" (the tolerance is never negative).
+    const auto t = tolerance.count();
+    return ts >= now.count() - t && ts <= now.count() + t;
 }
 
 // Calls fn(part) for each part of s split at sep.
@@ -159,6 +161,15 @@ std::string key_from_secret(signature_scheme scheme, std::string_view secret) {
         throw_error(errc::invalid_argument, "the Standard Webhooks secret after 'whsec_' is not base64");
     }
     return key;
+}
+
+std::string sha256(std::string_view bytes) {
+    std::array<unsigned char, EVP_MAX_MD_SIZE> md{};
+    unsigned int n = 0;
+    if (EVP_Digest(bytes.data(), bytes.size(), md.data(), &n, EVP_sha256(), nullptr) != 1) {
+        throw_error(errc::invalid_argument, "SHA-256 is not available");
+    }
+    return std::string(reinterpret_cast<const char*>(md.data()), n);
 }
 
 std::string hmac_sha256(std::string_view key, std::string_view message) {

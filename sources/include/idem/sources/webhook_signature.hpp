@@ -61,6 +61,8 @@ std::string key_from_secret(signature_scheme scheme, std::string_view secret);
 
 /// Returns HMAC-SHA256(key, message).
 std::string hmac_sha256(std::string_view key, std::string_view message);
+/// Returns SHA-256(bytes).
+std::string sha256(std::string_view bytes);
 /// Returns the standard base64 text of bytes.
 std::string base64_encode(std::string_view bytes);
 /// Returns the bytes of standard base64 text; false if text is not base64.
