@@ -458,6 +458,45 @@ class limit_tests(serve_case):
         self.assertEqual(c.sock.recv(1), b"")  # the server closed it meanwhile
         c.close()
 
+    def test_a_kept_alive_request_is_timed_by_the_read_timeout_once_it_has_begun(self):
+        def second_request(s, pause):
+            """After one answered request on a connection, sends a POST whose body follows after pause s;
+            returns what the server answered (b"" if it closed)."""
+            c = socket.create_connection(("127.0.0.1", s.port))
+            c.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            c.settimeout(10)
+            self.assertIn(b"200", c.recv(4096))
+            body = json.dumps(event("ka-1", "o-ka", 1)).encode()
+            c.sendall(b"POST /events HTTP/1.1\r\nHost: x\r\nContent-Type: application/cloudevents+json\r\n"
+                      b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n")
+            time.sleep(pause)
+            try:
+                c.sendall(body)
+                answer = c.recv(4096)
+            except (ConnectionResetError, BrokenPipeError):
+                answer = b""
+            c.close()
+            return answer
+        # A long idle timeout does not stretch a request's read deadline...
+        s = self.start("--read-timeout", "1s", "--idle-timeout", "20s")
+        started = time.monotonic()
+        self.assertEqual(second_request(s, 2.5), b"")
+        self.assertLess(time.monotonic() - started, 10)
+        self.assertEqual(s.stop(), 0)
+        # ...and a short one does not cut a request that has begun.
+        s = self.start("--read-timeout", "10s", "--idle-timeout", "1s")
+        self.assertIn(b"200 OK", second_request(s, 1.5))
+
+    def test_min_commit_is_read_wherever_it_is_in_the_query(self):
+        s = self.start()
+        status, _, out = s.post(event("q-1", "o-q", 2))
+        commit = out["outcomes"][0]["commit"]
+        self.assertEqual(s.request("GET", f"/rows/order-totals/o-q?x=1&min_commit={commit}")[0], 200)
+        self.assertEqual(s.request("GET", "/rows/order-totals/o-q?x=1&min_commit=999999")[0], 503)
+        self.assertEqual(s.request("GET", f"/rows/order-totals/o-q?min_commit={commit}&x=1")[0], 200)
+        status, _, out = s.request("GET", "/rows/order-totals/o-q?x=1&min_commit=soon")
+        self.assertEqual(status, 400, out)
+
     def test_connections_past_the_limit_are_refused(self):
         s = self.start("--max-connections", 2)
         held = [socket.create_connection(("127.0.0.1", s.port)) for _ in range(2)]

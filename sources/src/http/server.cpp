@@ -158,7 +158,26 @@ private:
         parser_.emplace();
         parser_->body_limit(srv_->o.max_body);
         parser_->header_limit(static_cast<std::uint32_t>(srv_->o.max_header));
-        lowest().expires_after(answered_ ? srv_->o.idle_timeout : srv_->o.read_timeout);
+        if (answered_ && buffer_.size() == 0) {
+            // Between kept-alive requests: idle_timeout for the next one to begin; once its first
+            // bytes are here, read_timeout for the whole of it, as for a first request.
+            lowest().expires_after(srv_->o.idle_timeout);
+            stream_.async_read_some(buffer_.prepare(4096), [self = this->shared_from_this()](beast::error_code ec,
+                                                                                            std::size_t n) {
+                if (ec) {
+                    if (ec == beast::error::timeout) ++self->srv_->timeouts;
+                    return self->close();
+                }
+                self->buffer_.commit(n);
+                self->read_request();
+            });
+            return;
+        }
+        read_request();
+    }
+
+    void read_request() {
+        lowest().expires_after(srv_->o.read_timeout);
         bhttp::async_read_header(stream_, buffer_, *parser_, [self = this->shared_from_this()](beast::error_code ec,
                                                                                                std::size_t) {
             self->on_header(ec);
@@ -319,9 +338,15 @@ private:
         }
         if (p == nullptr) return answer(404, error_body("no projection '" + name + "'"), true);
         std::uint64_t min_commit = 0;
-        if (query.starts_with("min_commit=") && !parse_u64(query.substr(11), min_commit)) {
-            return answer(400, error_body("min_commit '" + std::string(query.substr(11)) + "' is not a commit number"),
-                          true);
+        for (auto params = query; !params.empty();) {  // name=value pairs split at '&'; others are ignored
+            const auto amp = params.find('&');
+            const auto param = params.substr(0, amp);
+            params = amp == std::string_view::npos ? std::string_view() : params.substr(amp + 1);
+            if (!param.starts_with("min_commit=")) continue;
+            const auto value = detail::percent_decode(param.substr(11));
+            if (!parse_u64(value, min_commit)) {
+                return answer(400, error_body("min_commit '" + value + "' is not a commit number"), true);
+            }
         }
         const auto deadline = std::chrono::steady_clock::now() + srv_->o.min_commit_wait;
         wait_then_read(p, key, min_commit, deadline);
