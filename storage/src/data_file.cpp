@@ -143,6 +143,17 @@ data_file_meta check_data_file(const std::filesystem::path& dir) {
     // LMDB opens with the newer valid meta page; a damaged one must not be silently outvoted.
     if (!first.valid || !second.valid) damaged(file, first.valid ? second.problem : first.problem);
     const auto& m = first.txn >= second.txn ? first : second;
+    const auto& older = &m == &first ? second : first;
+    // The two meta pages hold the last two commits: consecutive transactions, and the newer
+    // never uses fewer pages. A bit flipped in the older's transaction id would otherwise make
+    // it the newer one and silently drop the last commit.
+    if (m.txn - older.txn > 1 || m.last_page < older.last_page) {
+        damaged(file, "its meta pages disagree (transaction " + std::to_string(m.txn) + " with last page " +
+                          std::to_string(m.last_page) + ", transaction " + std::to_string(older.txn) +
+                          " with last page " + std::to_string(older.last_page) +
+                          "): the two newest commits are consecutive and the newer never uses fewer pages, so one "
+                          "meta page is damaged");
+    }
     const std::uint64_t pages = size / m.page_size;
     for (auto root : m.roots) {
         if (root != no_page && (root > m.last_page || root >= pages)) {
@@ -151,7 +162,7 @@ data_file_meta check_data_file(const std::filesystem::path& dir) {
                               std::to_string(pages) + " pages): it was cut short or overwritten");
         }
     }
-    if (size < (m.last_page + 1) * m.page_size) {
+    if (m.last_page >= pages) {  // the file is shorter than (last page + 1) pages, without overflowing
         // LMDB may leave the tail pages unwritten when they are free; anything else reachable
         // past the end would be a SIGBUS. Rare, so the whole walk decides.
         const auto report = check_environment(dir, 1);

@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -279,6 +280,37 @@ class damaged_store_test(operations_case):
             p = run(*args, check=False)
             self.assert_clean_exit(p, 2)
             self.assertIn("meta page 1 has no LMDB magic", p.stderr)
+
+    def test_meta_pages_that_disagree_are_refused_not_looped_on_or_rolled_back(self):
+        # A last page past 2^52 pages (its byte size overflows 64 bits) made every command spin; an
+        # older meta's transaction id with a high bit flipped made it the newest and silently
+        # dropped the last commit. Both are damage, named by every command and by verify --store.
+        db, _ = self.store()
+        data = os.path.join(db, "data.mdb")
+        shutil.copy(data, data + ".orig")
+        with open(data, "rb") as f:
+            head = f.read(8192)
+        txn = [struct.unpack_from("<Q", head, g * 4096 + 144)[0] for g in (0, 1)]
+        newer, older = (0, 1) if txn[0] > txn[1] else (1, 0)
+        last = struct.unpack_from("<Q", head, newer * 4096 + 136)[0]
+        cases = {"last page": (newer * 4096 + 136, last + (1 << 56), "shorter than its last page"),
+                 "older transaction": (older * 4096 + 144, txn[older] + (1 << 56), "its meta pages disagree")}
+        for name, (offset, value, named) in cases.items():
+            with self.subTest(name):
+                shutil.copy(data + ".orig", data)
+                with open(data, "r+b") as f:
+                    f.seek(offset)
+                    f.write(struct.pack("<Q", value))
+                for args in (["stats", "--db", db], ["dump", "--db", db, "--projection", "positions"],
+                             ["consume", "--db", db, "--log", self.path("fills.jsonl")]):
+                    p = run(*args, check=False, timeout=60)
+                    self.assert_clean_exit(p, 2)
+                    self.assertIn(named, p.stderr)
+                p = run("verify", "--store", "--db", db, check=False, timeout=60)
+                self.assertEqual(p.returncode, 2, p.stderr)
+                self.assertIn('"store":"damaged"', p.stdout)
+        os.replace(data + ".orig", data)
+        run("stats", "--db", db)
 
     def test_a_store_being_created_by_a_killed_process_is_complete_or_absent(self):
         self.gen(self.path("fills.jsonl"), events=300)
