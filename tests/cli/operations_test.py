@@ -312,6 +312,24 @@ class damaged_store_test(operations_case):
         os.replace(data + ".orig", data)
         run("stats", "--db", db)
 
+    def test_a_row_whose_stored_length_is_damaged_is_named_as_damage(self):
+        # A string length in a row's state with a high byte flipped: the reader names the
+        # projection and the cause (it said "std::bad_alloc", or cereal's bare message).
+        run("gen", "--out", self.path("orders.jsonl"), "--domain", "orders", "--events", 2000, "--aggregates", 50)
+        db = self.path("db")
+        run("consume", "--db", db, "--log", self.path("orders.jsonl"))
+        data = os.path.join(db, "data.mdb")
+        with open(data, "r+b") as f:
+            b = f.read()
+            at = b.find(b"EUR")  # the currency string, after its u64 length
+            self.assertGreater(at, 8)
+            f.seek(at - 1)
+            f.write(b"\x01")  # length 3 -> 2^56 + 3
+        p = run("dump", "--db", db, "--projection", "order-totals", check=False, timeout=60)
+        self.assert_clean_exit(p, 2)
+        self.assertIn("projection 'order-totals': a row's stored state", p.stderr)
+        self.assertIn("does not decode", p.stderr)
+
     def test_a_store_being_created_by_a_killed_process_is_complete_or_absent(self):
         self.gen(self.path("fills.jsonl"), events=300)
         for i in range(30):

@@ -426,7 +426,15 @@ public:
         }
         auto box = std::make_unique<detail::typed_state<State>>();
         if (version == state_version_) {
-            box->value = detail::load_state<State>(bytes);
+            try {
+                box->value = detail::load_state<State>(bytes);
+            } catch (const std::exception& e) {
+                throw_error(errc::corrupt_record,
+                            "projection '" + name_ + "': a row's stored state (" + std::to_string(bytes.size()) +
+                                " bytes, state version " + std::to_string(version) + ") does not decode: " + e.what() +
+                                "; the store is damaged, or the state's serialization changed without a new state "
+                                "version (idem verify --store names the row)");
+            }
         } else {
             box->value = std::move(*static_cast<State*>(detail::migrate(migrations_, name_, bytes, version, state_version_).get()));
         }
