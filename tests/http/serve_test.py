@@ -487,6 +487,12 @@ class limit_tests(serve_case):
         s = self.start("--read-timeout", "10s", "--idle-timeout", "1s")
         self.assertIn(b"200 OK", second_request(s, 1.5))
 
+    def test_an_answer_quoting_bytes_that_are_not_utf8_is_still_utf8_json(self):
+        s = self.start()
+        status, _, data = s.request("GET", "/rows/no%FFsuch/key")
+        self.assertEqual(status, 404)
+        self.assertIn("no projection 'no\ufffdsuch'", json.loads(data.decode("utf-8"))["error"])
+
     def test_min_commit_is_read_wherever_it_is_in_the_query(self):
         s = self.start()
         status, _, out = s.post(event("q-1", "o-q", 2))

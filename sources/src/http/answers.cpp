@@ -2,6 +2,7 @@
 
 #include <rapidjson/stringbuffer.h>
 #include <rapidjson/writer.h>
+#include <simdjson.h>
 
 namespace idem::http::detail {
 
@@ -9,9 +10,36 @@ namespace {
 
 using writer = rapidjson::Writer<rapidjson::StringBuffer>;
 
+// Returns text with each byte that is not part of a well-formed UTF-8 sequence replaced by
+// U+FFFD: answers quote what clients sent (a row key from the URL, a detail naming an id), and
+// a JSON answer must be UTF-8 whatever they sent.
+std::string utf8_or_replaced(std::string_view text) {
+    if (simdjson::validate_utf8(text.data(), text.size())) return std::string(text);
+    std::string out;
+    out.reserve(text.size() + 16);
+    const auto* p = reinterpret_cast<const unsigned char*>(text.data());
+    const std::size_t n = text.size();
+    for (std::size_t i = 0; i < n;) {
+        const unsigned char c = p[i];
+        std::size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+        bool ok = len != 0 && i + len <= n;
+        for (std::size_t k = 1; ok && k < len; ++k) ok = (p[i + k] & 0xC0) == 0x80;
+        if (ok && len > 1) ok = simdjson::validate_utf8(text.data() + i, len);  // overlong, surrogates, past U+10FFFF
+        if (ok) {
+            out.append(text.substr(i, len));
+            i += len;
+        } else {
+            out.append("\xEF\xBF\xBD");
+            ++i;
+        }
+    }
+    return out;
+}
+
 void string_field(writer& w, const char* name, std::string_view value) {
+    const auto text = utf8_or_replaced(value);
     w.Key(name);
-    w.String(value.data(), static_cast<rapidjson::SizeType>(value.size()));
+    w.String(text.data(), static_cast<rapidjson::SizeType>(text.size()));
 }
 
 }  // namespace
