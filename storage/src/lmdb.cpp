@@ -480,7 +480,23 @@ bool write_txn::del(MDB_dbi table, std::string_view key) {
     return true;
 }
 
+void environment::check_writer_lock() const {
+    if (writer_lock_ && !writer_lock_->still_held(path_)) {
+        throw_error(errc::store_locked,
+                    (path_ / writer_lock_file).string() +
+                        " was deleted or replaced while this process held it, so another writer may be writing "
+                        "the store: nothing more is committed here (restart this writer; it takes the lock again)");
+    }
+}
+
 void write_txn::commit() {
+    // One writer per store: a lock file deleted under a writer would let a second one in.
+    try {
+        env_->check_writer_lock();
+    } catch (...) {
+        abort_now();
+        throw;
+    }
     MDB_txn* txn = std::exchange(txn_, nullptr);
     int rc = mdb_txn_commit(txn);
     release_gate();

@@ -91,6 +91,8 @@ writer_lock::~writer_lock() {
 
 writer_lock::writer_lock(writer_lock&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
 
+bool writer_lock::still_held(const std::filesystem::path& dir) const { return still_at(fd_, lock_path(dir)); }
+
 bool writer_lock::held(const std::filesystem::path& dir) {
     const int fd = ::open(lock_path(dir).c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) return false;

@@ -162,3 +162,33 @@ TEST_CASE("a writer that waited while the directory was swapped locks the store 
 }
 
 }  // TEST_SUITE
+
+TEST_CASE("a writer whose lock file was deleted commits nothing more: a second writer could hold the store") {
+    temp_dir dir;
+    const auto db = dir / "db";
+    auto env = idem::environment::open(db);
+    const auto table = env->table("t");
+    {
+        idem::write_txn w{*env};
+        w.put(table, "a", "1");
+        w.commit();
+    }
+    std::filesystem::remove(db / idem::writer_lock_file);
+    // Another writer can now take a lock of its own, on a new file.
+    CHECK(in_child([&] {
+              idem::writer_lock second{db};
+              return 0;
+          }) == 0);
+    idem::write_txn w{*env};
+    w.put(table, "b", "2");
+    try {
+        w.commit();
+        FAIL("committed after the lock file was deleted");
+    } catch (const std::system_error& e) {
+        CHECK(e.code() == idem::errc::store_locked);
+        CHECK(std::string(e.what()).find("idem.lock was deleted or replaced") != std::string::npos);
+    }
+    idem::read_txn r{*env};
+    CHECK(r.get(table, "a") == "1");
+    CHECK_FALSE(r.get(table, "b"));
+}

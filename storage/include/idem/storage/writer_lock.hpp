@@ -46,6 +46,10 @@ public:
     writer_lock(const writer_lock&) = delete;
     writer_lock& operator=(const writer_lock&) = delete;
 
+    /// Returns whether the lock file at dir is still the one this lock holds: false once it was
+    /// deleted or replaced, after which another process may take a lock of its own.
+    bool still_held(const std::filesystem::path& dir) const;
+
     /// Returns whether some process holds the writer lock of dir (false if dir has no lock file).
     static bool held(const std::filesystem::path& dir);
     /// Returns what the lock file of dir says about its holder (pid 0 if nothing is written).

@@ -99,6 +99,9 @@ public:
     std::uint64_t generation() const noexcept { return generation_.load(); }
     /// Returns the largest key (and dupsort value) LMDB accepts, 511 bytes by default.
     std::size_t max_key_size() const noexcept { return max_key_size_; }
+    /// Throws errc::store_locked if this writable environment's lock file was deleted or
+    /// replaced since it was taken: another process may then hold a lock of its own.
+    void check_writer_lock() const;
     /// Returns what another layer keeps with this environment under name, made by make() on
     /// first use: state shared by every user of the environment in this process (caches).
     std::shared_ptr<void> attachment(const std::string& name, const std::function<std::shared_ptr<void>()>& make);
