@@ -43,6 +43,18 @@ void put_u32(char* p, std::uint32_t v) noexcept {
     for (int i = 0; i < 4; ++i) p[i] = static_cast<char>(static_cast<unsigned char>(v >> (8 * i)));
 }
 
+std::string hex_bytes(std::string_view bytes) {
+    static constexpr char digits[] = "0123456789abcdef";
+    std::string out;
+    for (char ch : bytes) {
+        const auto c = static_cast<unsigned char>(ch);
+        if (!out.empty()) out += ' ';
+        out += digits[c >> 4];
+        out += digits[c & 15];
+    }
+    return out;
+}
+
 std::string hex(std::uint32_t v) {
     char text[16];
     std::snprintf(text, sizeof text, "0x%08x", v);
@@ -105,7 +117,14 @@ std::uint64_t file_size(int fd, const std::filesystem::path& path) {
 }
 
 bool starts_like_binary(const char* p, std::size_t n) noexcept {
-    return n >= 7 && std::memcmp(p, file_magic, 7) == 0;
+    if (n >= 7 && std::memcmp(p, file_magic, 7) == 0) return true;
+    // A binary header with a damaged magic (a flipped bit or two) is still a binary log, to be
+    // refused as damaged: read as JSON Lines it would be garbage lines or one torn tail. No
+    // JSON line begins with 6 of these 8 bytes.
+    if (n < sizeof file_magic) return false;
+    int same = 0;
+    for (std::size_t i = 0; i < sizeof file_magic; ++i) same += p[i] == file_magic[i] ? 1 : 0;
+    return same >= 6;
 }
 
 // Throws unless p holds a complete binary header this build reads; returns its flags.
@@ -114,7 +133,11 @@ std::uint32_t check_header(const char* p, std::size_t n, const std::filesystem::
         throw_error(errc::format_mismatch, path.string() + ": binary log header cut short (" + std::to_string(n) +
                                                " of " + std::to_string(file_header) + " bytes)");
     }
-    if (p[7] != '\0') throw_error(errc::format_mismatch, path.string() + ": bad binary log magic");
+    if (std::memcmp(p, file_magic, sizeof file_magic) != 0) {
+        throw_error(errc::format_mismatch, path.string() + ": bad binary log magic (its first 8 bytes are " +
+                                               hex_bytes(std::string_view(p, sizeof file_magic)) +
+                                               ", not IDEMLOG and a NUL): the header is damaged");
+    }
     auto version = get_u32(p + 8);
     if (version != file_version) {
         throw_error(errc::format_mismatch, path.string() + ": binary log format version " + std::to_string(version) +

@@ -572,6 +572,16 @@ TEST_CASE("a binary log with a wrong header is refused, naming the file") {
         bytes[7] = 'X';
         expect = "magic";
     }
+    // A flipped bit anywhere in the magic: still a binary log, refused as damaged (it was taken
+    // for JSON Lines: garbage lines, or one torn tail and exit 0).
+    for (std::size_t at = 0; at < 8; ++at) {
+        for (int bit = 0; bit < 8; ++bit) {
+            SUBCASE(("bit " + std::to_string(bit) + " of magic byte " + std::to_string(at)).c_str()) {
+                bytes[at] = static_cast<char>(bytes[at] ^ (1 << bit));
+                expect = "bad binary log magic";
+            }
+        }
+    }
     SUBCASE("a header cut short") {
         bytes.resize(11);
         expect = "cut short";
