@@ -466,8 +466,13 @@ source_result source::run(engine& e) {
         std::string text;
         {
             std::scoped_lock lock{s.m};
-            if (s.fatal != errc::delivery_exhausted) return;
-            s.fatal_text = s.lost_summary();
+            if (s.lost.empty()) return;
+            // Lost messages are told of even when another error stopped the run first.
+            if (s.fatal == errc::delivery_exhausted) {
+                s.fatal_text = s.lost_summary();
+            } else {
+                s.fatal_text += "; besides, " + s.lost_summary();
+            }
             for (const auto& line : s.lost) text += (text.empty() ? "" : "\n") + line;
         }
         try {
@@ -505,7 +510,7 @@ source_result source::run(engine& e) {
             // Disconnected: acks not yet sent are lost, and the messages come again as duplicates.
         }
         lock.lock();
-        const bool exhausted_stop = s.fatal == errc::delivery_exhausted;
+        const bool exhausted_stop = !s.lost.empty();
         lock.unlock();
         if (exhausted_stop) {
             // Messages an earlier run held may reach MaxDeliver after this run stops, and the
