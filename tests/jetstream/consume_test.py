@@ -412,7 +412,8 @@ class broker_kill_test(consume_case):
             raise publisher.error
         # The running consumer reconnected and goes on to the end of the stream.
         last = self.ns.stream_info("ORD")["last_seq"]
-        wait_for(lambda: (self.consumer_info() or {}).get("ack_floor_stream_seq", 0) >= last, 120,
+        # Acks lost with the killed broker come back as redeliveries after AckWait (30 s), maybe twice.
+        wait_for(lambda: (self.consumer_info() or {}).get("ack_floor_stream_seq", 0) >= last, 240,
                  "the consumer to ack the whole stream after the broker restart")
         self.assertIsNone(p.poll())
         code, r, err = self.finish(p)
