@@ -413,8 +413,13 @@ class broker_kill_test(consume_case):
         # The running consumer reconnected and goes on to the end of the stream.
         last = self.ns.stream_info("ORD")["last_seq"]
         # Acks lost with the killed broker come back as redeliveries after AckWait (30 s), maybe twice.
-        wait_for(lambda: (self.consumer_info() or {}).get("ack_floor_stream_seq", 0) >= last, 240,
-                 "the consumer to ack the whole stream after the broker restart")
+        try:
+            wait_for(lambda: (self.consumer_info() or {}).get("ack_floor_stream_seq", 0) >= last, 240,
+                     "the consumer to ack the whole stream after the broker restart")
+        except AssertionError as e:
+            with open(p.err_path, errors="replace") as f:
+                raise AssertionError(f"{e}; consumer exit status {p.poll()}, server state {self.consumer_info()}, "
+                                     f"stream last {last}; its stderr:\n{f.read()[-3000:]}") from None
         self.assertIsNone(p.poll())
         code, r, err = self.finish(p)
         self.assertEqual(code, 0, err)
