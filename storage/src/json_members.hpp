@@ -31,10 +31,11 @@ std::optional<std::string_view> find_repeated(std::vector<std::string_view>& nam
 
 enum class json_fault { none, malformed, repeated_name, too_deep };
 
-/// How deep validate reads: objects and arrays nested deeper are refused (too_deep). The same
-/// bound as simdjson's parsers, which decode payloads; it also bounds validate's recursion, so
-/// a line of brackets cannot exhaust the stack.
-inline constexpr std::size_t max_json_depth = simdjson::DEFAULT_MAX_DEPTH;
+/// How deep validate reads: objects and arrays nested deeper are refused (too_deep). Below
+/// simdjson's depth bound (1024) by what may enclose `data` (the event, a batch's array), so
+/// that no parser is walked past it (a debug build of simdjson asserts there); it also bounds
+/// validate's recursion, so a line of brackets cannot exhaust the stack.
+inline constexpr std::size_t max_json_depth = 1000;
 
 // What validate found wrong, for the message.
 struct json_finding {
