@@ -20,8 +20,8 @@ import unittest
 IDEM = None
 
 
-def run(*args, check=True, timeout=300):
-    p = subprocess.run([IDEM, *map(str, args)], capture_output=True, text=True, timeout=timeout)
+def run(*args, check=True, timeout=300, **kw):
+    p = subprocess.run([IDEM, *map(str, args)], capture_output=True, text=True, timeout=timeout, **kw)
     if check and p.returncode != 0:
         raise AssertionError(f"idem {' '.join(map(str, args))} exited {p.returncode}\nstderr: {p.stderr}")
     return p
