@@ -144,10 +144,7 @@ data_file_meta check_data_file(const std::filesystem::path& dir) {
     if (!first.valid || !second.valid) damaged(file, first.valid ? second.problem : first.problem);
     const auto& m = first.txn >= second.txn ? first : second;
     const auto& older = &m == &first ? second : first;
-    // The two meta pages hold the last two commits: consecutive transactions, and the newer
-    // never uses fewer pages. A bit flipped in the older's transaction id would otherwise make
-    // it the newer one and silently drop the last commit.
-    if (m.txn - older.txn > 1 || m.last_page < older.last_page) {
+    if (!meta_pages_agree(m.txn, m.last_page, older.txn, older.last_page)) {
         damaged(file, "its meta pages disagree (transaction " + std::to_string(m.txn) + " with last page " +
                           std::to_string(m.last_page) + ", transaction " + std::to_string(older.txn) +
                           " with last page " + std::to_string(older.last_page) +

@@ -26,6 +26,15 @@ struct data_file_meta {
     std::uint64_t file_size = 0;
 };
 
+/// Returns whether two valid meta pages can hold the last two commits: consecutive
+/// transactions (equal in a new file), the newer using no fewer pages. If not, one of them is
+/// damaged: a flipped bit in the older's transaction id would make LMDB take it for the newer
+/// and silently drop the last commit.
+inline bool meta_pages_agree(std::uint64_t newer_txn, std::uint64_t newer_last_page, std::uint64_t older_txn,
+                             std::uint64_t older_last_page) noexcept {
+    return newer_txn - older_txn <= 1 && newer_last_page >= older_last_page;
+}
+
 /// Creates dir/data.mdb as an empty, complete LMDB environment if there is none: written in a
 /// private directory beside it, synced, renamed in. Leftovers of creations that were killed
 /// are removed. The caller holds the writer lock. Throws std::system_error naming the file.

@@ -1,5 +1,7 @@
 #include <idem/storage/page_check.hpp>
 
+#include "data_file.hpp"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -581,8 +583,7 @@ environment_report check_once(const std::filesystem::path& data, std::size_t max
     if (m0.bad.empty() && m1.bad.empty()) {
         use = m0.txnid < m1.txnid ? &m1 : &m0;  // LMDB's mdb_env_pick_meta
         const auto& older = use == &m0 ? m1 : m0;
-        // The last two commits: consecutive transactions, and the newer never uses fewer pages.
-        if (use->txnid - older.txnid > 1 || use->last_page < older.last_page) {
+        if (!detail::meta_pages_agree(use->txnid, use->last_page, older.txnid, older.last_page)) {
             w.problem(use == &m0 ? 0 : 1, "(meta)",
                       "the meta pages disagree: transaction " + num(use->txnid) + " with last page " +
                           num(use->last_page) + " against transaction " + num(older.txnid) + " with last page " +
