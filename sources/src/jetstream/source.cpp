@@ -28,6 +28,8 @@
 #include <mutex>
 #include <thread>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 namespace idem::jetstream {
 
@@ -131,8 +133,9 @@ struct source::impl {
     clock::time_point paused_until{};  // after a failed commit: wait before fetching more
     clock::time_point next_touch_due{};  // no held message needs an in-progress ack before this
     std::vector<std::uint64_t> exhausted;  // sequences the server will not deliver again (advisories)
-    std::vector<std::string> lost;  // each message that reached MaxDeliver without a committed outcome
-    std::vector<std::uint64_t> lost_sequences;  // their sequences
+    // Each message that reached MaxDeliver without a committed outcome: its sequence, and what
+    // the record says of it ("sequence N (Nats-Msg-Id '...') ...").
+    std::vector<std::pair<std::uint64_t, std::string>> lost;
     std::vector<std::uint64_t> accepted;  // sequences the operator accepted as handled (--accept-exhausted)
     source_result result;
 
@@ -194,9 +197,8 @@ void source::impl::fail(errc e, std::string text) {
 void source::impl::lose(std::uint64_t sequence, std::string what) {
     // Under m. Every such message is named, not only the first: the server tells of each once.
     // One that failed its last delivery here is told of by an advisory too: named once.
-    if (std::find(lost_sequences.begin(), lost_sequences.end(), sequence) != lost_sequences.end()) return;
-    lost.push_back("sequence " + std::to_string(sequence) + std::move(what));
-    lost_sequences.push_back(sequence);
+    if (std::any_of(lost.begin(), lost.end(), [&](const auto& l) { return l.first == sequence; })) return;
+    lost.emplace_back(sequence, "sequence " + std::to_string(sequence) + std::move(what));
     fail(errc::delivery_exhausted, "");
 }
 
@@ -206,7 +208,7 @@ std::string source::impl::lost_summary() const {
                        o.stream + "' reached MaxDeliver " + std::to_string(cc.max_deliver) +
                        " without a committed outcome, and the server will not deliver " +
                        (lost.size() == 1 ? "it" : "them") + " again: ";
-    for (std::size_t i = 0; i < lost.size() && i < 5; ++i) text += (i ? "; " : "") + lost[i];
+    for (std::size_t i = 0; i < lost.size() && i < 5; ++i) text += (i ? "; " : "") + lost[i].second;
     if (lost.size() > 5) text += "; and " + std::to_string(lost.size() - 5) + " more";
     return text + ". Publish them again once the cause is fixed";
 }
@@ -473,7 +475,7 @@ source_result source::run(engine& e) {
             } else {
                 s.fatal_text += "; besides, " + s.lost_summary();
             }
-            for (const auto& line : s.lost) text += (text.empty() ? "" : "\n") + line;
+            for (const auto& l : s.lost) text += (text.empty() ? "" : "\n") + l.second;
         }
         try {
             append_synced(path, text);
@@ -482,7 +484,8 @@ source_result source::run(engine& e) {
         } catch (const std::system_error& err) {
             std::scoped_lock lock{s.m};
             // Then this message is all the operator gets: every sequence, as ranges.
-            auto seqs = s.lost_sequences;
+            std::vector<std::uint64_t> seqs;
+            for (const auto& l : s.lost) seqs.push_back(l.first);
             std::sort(seqs.begin(), seqs.end());
             std::string ranges;
             for (std::size_t i = 0; i < seqs.size();) {
