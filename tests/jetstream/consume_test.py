@@ -354,7 +354,9 @@ class consumer_kill_test(consume_case):
     def test_a_message_that_reached_max_deliver_without_a_commit_is_reported_not_dropped_silently(self):
         self.gen("o.jsonl", 3000, aggregates=50)
         self.publish(self.path("o.jsonl"))
-        settings = ["--ack-wait", "1s", "--max-deliver", 1, "--fetch-batch", 64]
+        # AckWait 5 s: the server tells of each exhausted message once, when its wait runs out, and
+        # only a run listening by then hears it; the next run starts well within 5 s of the kill.
+        settings = ["--ack-wait", "5s", "--max-deliver", 1, "--fetch-batch", 64]
         # The second batch is fetched and never committed; MaxDeliver 1: the server never delivers it again.
         p = self.start(self.path("db"), "ORD", "c1", *settings, env=dict(os.environ, IDEM_CRASH_AT="before_commit:2"))
         p.wait(60)
