@@ -213,7 +213,7 @@ asio::awaitable<void> submitter(idem::engine& engine, std::span<const idem::deli
     for (;;) {
         const std::size_t i = next.fetch_add(1, std::memory_order_relaxed);
         if (i >= all.size()) co_return;
-        idem::delivery d = all[i];  // named, never a braced temporary (GCC 12 coroutine bug)
+        idem::delivery d = all[i];
         const auto sent = clock_type::now();
         auto result = co_await engine.async_apply(std::move(d), asio::use_awaitable);
         acks[i] = seconds_between(sent, clock_type::now());

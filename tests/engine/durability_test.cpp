@@ -56,7 +56,7 @@ void check_durable(const idem::engine& e, const commit_gate& gate, completion_lo
 asio::awaitable<void> await_each(idem::engine& e, const workload& w, std::vector<std::size_t> slice,
                                  const commit_gate& gate, completion_log& log) {
     for (auto i : slice) {
-        idem::delivery d = w.deliveries[i];  // named: see engine.hpp on GCC 12
+        idem::delivery d = w.deliveries[i];
         auto r = co_await e.async_apply(std::move(d), asio::use_awaitable);
         check_durable(e, gate, log, i, std::get<0>(r), std::get<1>(r));
         log.record(i, std::get<0>(r), std::move(std::get<1>(r)));

@@ -124,12 +124,14 @@ void submit_deferred(idem::engine& e, const workload& w, const std::vector<std::
 asio::awaitable<void> await_each(idem::engine& e, const workload& w, std::vector<std::size_t> slice,
                                  completion_log& log, bool deferred) {
     for (auto i : slice) {
-        idem::delivery d = w.deliveries[i];  // named, never a braced temporary: see engine.hpp on GCC 12
+        const auto& d = w.deliveries[i];
         result r;
+        // Braced temporaries inside co_await, as users write them: GCC 12 destroyed an aggregate
+        // temporary there twice (delivery has a constructor for this reason).
         if (deferred) {
-            r = co_await e.async_apply(std::move(d), asio::deferred);
+            r = co_await e.async_apply(idem::delivery{d.body, d.message_id}, asio::deferred);
         } else {
-            r = co_await e.async_apply(std::move(d), asio::use_awaitable);
+            r = co_await e.async_apply(idem::delivery{d.body, d.message_id}, asio::use_awaitable);
         }
         record(e, log, i, std::get<0>(r), std::move(std::get<1>(r)));
     }

@@ -110,8 +110,6 @@ public:
     /// Errors: operation_canceled (ECANCELED) after stop; the storage error of a batch that
     /// failed to commit (then no delivery of that batch was applied). With use_future and
     /// use_awaitable the result is a std::tuple<std::error_code, outcome>.
-    /// GCC 12 miscompiles braced temporaries inside co_await expressions: in a coroutine, pass
-    /// a named delivery (`co_await e.async_apply(std::move(d), use_awaitable)`).
     template <boost::asio::completion_token_for<apply_signature> CompletionToken>
     auto async_apply(delivery d, CompletionToken&& token) {
         return boost::asio::async_initiate<CompletionToken, apply_signature>(

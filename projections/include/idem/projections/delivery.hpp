@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 
 namespace idem {
 
@@ -38,6 +39,14 @@ struct outcome {
 
 /// One delivery: the envelope as received, and the transport's message id if it has one.
 struct delivery {
+    delivery() = default;
+    /// Takes the envelope as received and the transport's message id ("" to use the envelope's).
+    /// A constructor, not aggregate initialization: GCC 12 (Debian 12's compiler) destroys an
+    /// aggregate temporary twice when it is built inside a co_await expression, so
+    /// `co_await e.async_apply(delivery{body, id}, use_awaitable)` crashed before this existed.
+    delivery(std::string body_, std::string message_id_)
+        : body(std::move(body_)), message_id(std::move(message_id_)) {}
+
     std::string body;        ///< CloudEvents JSON text
     std::string message_id;  ///< transport message id (Nats-Msg-Id, Idempotency-Key); "" to use the envelope's
     std::uint64_t line = 0;    ///< read from a log: its line (JSON Lines) or record (binary) number, 1-based; 0: not
