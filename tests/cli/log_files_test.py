@@ -8,6 +8,7 @@ usage: log_files_test.py PATH/TO/idem
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -68,6 +69,34 @@ class log_files_case(cli_case):
         out, err = p.communicate(timeout=30)
         self.assertEqual(p.returncode, 0, err)
         return json.loads(out)
+
+    def order_lines(self, tag, n, orders=7):
+        """n order lines of a test's own, each `tag`-<i> (ids and amounts differ by tag)."""
+        lines = []
+        for i in range(n):
+            order = f"o{i % orders}"
+            data = {"order_id": order, "amount": {"minor": 100 + (i * 37 + len(tag) * 11) % 900, "currency": "EUR"}}
+            lines.append((json.dumps({"specversion": "1.0", "id": f"{tag}-{i:05d}", "source": "/orders",
+                                      "type": "order.line_added", "subject": order,
+                                      "dataschema": "urn:idem:example:order.line_added:2", "data": data},
+                                     separators=(",", ":")) + "\n").encode())
+        return lines
+
+    def reference(self, lines):
+        """The order-totals rows the lines give, computed here: each distinct id once."""
+        rows, seen = {}, set()
+        for line in lines:
+            e = json.loads(line)
+            if e["id"] in seen:
+                continue
+            seen.add(e["id"])
+            row = rows.setdefault(e["data"]["order_id"], {"total": 0, "lines": 0, "currency": "EUR"})
+            row["total"] += e["data"]["amount"]["minor"]
+            row["lines"] += 1
+        return rows
+
+    def rows(self, db):
+        return {r["key"]: r["state"] for r in cli_test.jsonl(self.dump(db, "order-totals"))}
 
     def assert_changed_log_refused(self, db, log, state):
         p = self.consume(db, log, check=False)
@@ -211,6 +240,41 @@ class changed_log_test(log_files_case):
         finally:
             self.stop(q)
         self.assertEqual(self.sums(db), totals)
+
+    def rewrite_while_followed(self, rewrite):
+        """A followed log rewritten in place (the same inode) with other lines of the same
+        lengths: read at the old offset they would be whole lines, applied unnoticed."""
+        original, other = self.order_lines("aaaa", 300), self.order_lines("bbbb", 600)
+        log, db = self.path("live.jsonl"), self.path("db")
+        self.write(log, original)
+        self.write(self.path("other.jsonl"), other)
+        inode = os.stat(log).st_ino
+        p = self.follow(db, log)
+        try:
+            self.wait_for("the log", lambda: self.caught_up(db, os.path.getsize(log)))
+            rewrite(self.path("other.jsonl"), log)
+            _, err = p.communicate(timeout=30)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        self.assertEqual(os.stat(log).st_ino, inode)
+        self.assertEqual(p.returncode, 2, err)
+        self.assertIn(log + ": checkpoint at offset " + str(len(b"".join(original))), err)
+        self.assertIn("--restart-changed-log", err)
+        self.assertEqual(self.rows(db), self.reference(original))  # nothing of the other file
+        return err
+
+    def test_a_followed_log_rewritten_in_place_stops_with_exit_2(self):
+        def overwrite(other, log):
+            with open(log, "r+b") as f:
+                f.write(read_bytes(other))
+        err = self.rewrite_while_followed(overwrite)
+        self.assertIn("the bytes before the offset are not the ones consumed (rewritten in place)", err)
+
+    def test_a_followed_log_copied_over_stops_with_exit_2(self):
+        err = self.rewrite_while_followed(shutil.copyfile)  # cp: cut to nothing, then written
+        self.assertTrue("(rewritten in place)" in err or "(truncated, e.g. copytruncate)" in err, err)
 
     def test_replacement_by_a_shorter_file_stops_with_exit_2(self):
         lines, totals = self.orders_log()
