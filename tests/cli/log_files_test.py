@@ -170,7 +170,7 @@ class rotation_test(log_files_case):
         lines, totals = self.orders_log()
         log, db = self.path("live.jsonl"), self.path("db")
         self.write(log, lines[:200])
-        p = self.follow(db, log)
+        p = self.follow(db, log, "--rotation-grace", "200ms")  # nothing reaches the old file after the rename
         try:
             self.wait_for("the first part", lambda: self.caught_up(db, os.path.getsize(log)))
             self.write(log, lines[200:260], "ab")  # the last lines before the rotation
@@ -185,11 +185,64 @@ class rotation_test(log_files_case):
         self.assertEqual(self.sums(db), totals)
         self.assertEqual(self.checkpoint(db)["state"], "ok")
 
+    def rotate_while_followed(self, restart):
+        """logrotate's `create` mode under a follower: the log renamed, a new empty one created,
+        the writer appending to the old file until it reopens the log, then to the new one."""
+        first, window, later, new = (self.order_lines(tag, 120) for tag in ("first", "window", "later", "new"))
+        log, db = self.path("live.jsonl"), self.path("db")
+        self.write(log, first)
+        grace = ("--rotation-grace", "3s")  # each line below reaches the old file well within it
+        p = self.follow(db, log, *grace)
+        try:
+            self.wait_for("the first lines", lambda: self.caught_up(db, os.path.getsize(log)))
+            writer = open(log, "ab")  # the writer's descriptor, kept across the rename
+            os.rename(log, log + ".1")
+            self.write(log, [])
+            time.sleep(0.5)  # several polls: the follower has seen the path name the new file
+            writer.write(b"".join(window[:60]))
+            writer.flush()
+            rotated = len(b"".join(first + window[:60]))
+            self.wait_for("the lines appended to the rotated file", lambda: self.caught_up(db, rotated))
+            self.assertEqual(self.checkpoint(db)["state"], "rotated")
+            self.assertEqual(self.checkpoint(db)["rotated_to"], log + ".1")
+            if restart:
+                self.stop(p)
+                writer.write(b"".join(window[60:]))  # while no consumer runs
+                writer.flush()
+                p = self.follow(db, log, *grace)
+                self.wait_for("the rotated file after the restart",
+                              lambda: self.caught_up(db, os.path.getsize(log + ".1")))
+                time.sleep(0.5)
+                writer.write(b"".join(later))  # the resumed follower still reads the rotated file
+            else:
+                writer.write(b"".join(window[60:] + later))
+            writer.close()  # the writer reopens the log
+            self.write(log, new, "ab")
+            self.wait_for("the new file", lambda: self.caught_up(db, len(b"".join(new))))
+        finally:
+            self.stop(p)
+        self.assertEqual(self.rows(db), self.reference(first + window + later + new))
+        self.assertEqual(self.checkpoint(db), {"source": "log:" + log, "position": os.path.getsize(log),
+                                               "state": "ok", "lag_bytes": 0})
+
+    def test_lines_appended_to_the_rotated_file_before_its_writer_reopens_the_log_are_read(self):
+        self.rotate_while_followed(restart=False)
+
+    def test_a_follower_restarted_while_the_rotated_file_still_grows_reads_the_rest_of_it(self):
+        self.rotate_while_followed(restart=True)
+
+    def test_a_rotation_grace_without_follow_is_refused(self):
+        log = self.path("live.jsonl")
+        self.write(log, self.order_lines("a", 3))
+        p = self.consume(self.path("db"), log, "--rotation-grace", "2s", check=False)
+        self.assertEqual(p.returncode, 1, p.stderr)
+        self.assertIn("option '--rotation-grace' applies to a followed log (--follow)", p.stderr)
+
     def test_delete_and_recreate_during_follow_reads_the_new_file_from_its_start(self):
         lines, totals = self.orders_log()
         log, db = self.path("live.jsonl"), self.path("db")
         self.write(log, lines[:300])
-        p = self.follow(db, log)
+        p = self.follow(db, log, "--rotation-grace", "200ms")
         try:
             self.wait_for("the first file", lambda: self.caught_up(db, os.path.getsize(log)))
             os.remove(log)

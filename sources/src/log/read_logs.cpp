@@ -43,7 +43,7 @@ void log_run::read_log(const std::filesystem::path& path, bool resume, bool foll
                                                            "and reads the log's current file from its start");
                 }
                 // Without old_file the old file was finished by an earlier run, and is gone now.
-                if (check.old_file && !read_file(source, path, *check.old_file, start, false)) return;
+                if (check.old_file && !read_file(source, path, *check.old_file, start, follow)) return;
                 if (stopping() || !wait_for(path, follow)) return;
                 start = {};
                 break;
@@ -75,9 +75,10 @@ bool log_run::wait_for(const std::filesystem::path& path, bool follow) {
 
 /// Reads file (the log at path, or its rotated predecessor) from start. Returns false if
 /// the run was abandoned or stopped. A rotated file (a predecessor, or the open file once the
-/// path names another while following) is read to its end and committed as finished; then,
-/// following, the file at the path is read from its start. A file that no longer holds what
-/// was read (truncated, rewritten) is a changed log.
+/// path names another while following) is read to its end and committed as finished; while
+/// following, only after it has not grown for the rotation grace (its writer may not have
+/// reopened the log yet). Then, following, the file at the path is read from its start. A
+/// file that no longer holds what was read (truncated, rewritten) is a changed log.
 bool log_run::read_file(const std::string& source, const std::filesystem::path& path,
                         const std::filesystem::path& file, log_position start, bool follow) {
     const bool predecessor = file != path;
@@ -170,7 +171,10 @@ bool log_run::read_file(const std::string& source, const std::filesystem::path& 
         }
         return true;
     };
-    bool rotated = predecessor;  // read to its end, then finished
+    // A rotated file, following: finished once it has not grown for the rotation grace.
+    bool rotated = predecessor;
+    std::uint64_t rotated_size = reader.size();
+    auto grace_ends = clock::now() + rotation_grace_;
     for (;;) {
         if (!changed && unchanged()) {
             try {
@@ -195,18 +199,27 @@ bool log_run::read_file(const std::string& source, const std::filesystem::path& 
         }
         if (stopping() || at_limit) break;
         if (rotated) {
-            if (!hand_over_read(true)) return false;
-            if (changed) continue;
-            if (open_file != path) break;
-            reopen_at_path(true);
-            rotated = false;
-            continue;
+            const auto size = reader.size();
+            if (size != rotated_size) {
+                rotated_size = size;
+                grace_ends = clock::now() + rotation_grace_;
+            }
+            if (!follow || clock::now() >= grace_ends) {
+                if (!hand_over_read(true)) return false;
+                if (changed) continue;
+                if (open_file != path) break;
+                reopen_at_path(true);
+                rotated = false;
+                continue;
+            }
         } else {
             if (!follow) break;
             auto at_path = try_identity_of(path);
             if (at_path && *at_path != reader.identity()) {
-                // Rotated (or deleted and created anew): read the open file to its end, then finish it.
+                // Rotated (or deleted and created anew): drain the open file until it is finished.
                 rotated = true;
+                rotated_size = reader.size();
+                grace_ends = clock::now() + rotation_grace_;
                 continue;
             }
         }
