@@ -133,6 +133,10 @@ file_identity log_reader::identity() const { return identity_of(fd_, path_); }
 
 log_position log_reader::where() const { return position_in(fd_, path_, position_); }
 
+std::optional<log_position> log_reader::try_where() const { return try_position_in(fd_, path_, position_); }
+
+log_check log_reader::check(const log_position& p) const { return check_open_log(fd_, path_, p); }
+
 bool log_reader::still_holds(const log_position& p) const {
     return size() >= p.offset && digest_matches(fd_, path_, p);
 }

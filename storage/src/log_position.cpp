@@ -202,18 +202,24 @@ std::optional<file_identity> try_identity_of(const std::filesystem::path& path) 
     return file_identity{static_cast<std::uint64_t>(st.st_dev), static_cast<std::uint64_t>(st.st_ino)};
 }
 
-log_position position_in(int fd, const std::filesystem::path& path, std::uint64_t offset) {
+std::optional<log_position> try_position_in(int fd, const std::filesystem::path& path, std::uint64_t offset) {
     log_position p;
     p.offset = offset;
     p.file = identity_of(fd, path);
     p.digest_length = static_cast<std::uint32_t>(std::min<std::uint64_t>(offset, log_digest_span));
     auto digest = digest_before(fd, path, offset, p.digest_length);
-    if (!digest) {
+    if (!digest) return std::nullopt;
+    p.digest = *digest;
+    return p;
+}
+
+log_position position_in(int fd, const std::filesystem::path& path, std::uint64_t offset) {
+    auto p = try_position_in(fd, path, offset);
+    if (!p) {
         throw_error(errc::invalid_argument,
                     path.string() + ": offset " + std::to_string(offset) + " is past the end of the file");
     }
-    p.digest = *digest;
-    return p;
+    return *p;
 }
 
 bool digest_matches(int fd, const std::filesystem::path& path, const log_position& p) {
@@ -293,6 +299,10 @@ log_check check_files(const std::filesystem::path& path, const log_position& at)
 }
 
 }  // namespace
+
+log_check check_open_log(int fd, const std::filesystem::path& path, const log_position& at) {
+    return check_same_file(fd, path, at);
+}
 
 log_check check_log_position(const std::filesystem::path& path, const log_position& at) {
     auto out = check_files(path, at);

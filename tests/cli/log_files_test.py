@@ -8,6 +8,7 @@ usage: log_files_test.py PATH/TO/idem
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -68,6 +69,34 @@ class log_files_case(cli_case):
         out, err = p.communicate(timeout=30)
         self.assertEqual(p.returncode, 0, err)
         return json.loads(out)
+
+    def order_lines(self, tag, n, orders=7):
+        """n order lines of a test's own, each `tag`-<i> (ids and amounts differ by tag)."""
+        lines = []
+        for i in range(n):
+            order = f"o{i % orders}"
+            data = {"order_id": order, "amount": {"minor": 100 + (i * 37 + len(tag) * 11) % 900, "currency": "EUR"}}
+            lines.append((json.dumps({"specversion": "1.0", "id": f"{tag}-{i:05d}", "source": "/orders",
+                                      "type": "order.line_added", "subject": order,
+                                      "dataschema": "urn:idem:example:order.line_added:2", "data": data},
+                                     separators=(",", ":")) + "\n").encode())
+        return lines
+
+    def reference(self, lines):
+        """The order-totals rows the lines give, computed here: each distinct id once."""
+        rows, seen = {}, set()
+        for line in lines:
+            e = json.loads(line)
+            if e["id"] in seen:
+                continue
+            seen.add(e["id"])
+            row = rows.setdefault(e["data"]["order_id"], {"total": 0, "lines": 0, "currency": "EUR"})
+            row["total"] += e["data"]["amount"]["minor"]
+            row["lines"] += 1
+        return rows
+
+    def rows(self, db):
+        return {r["key"]: r["state"] for r in cli_test.jsonl(self.dump(db, "order-totals"))}
 
     def assert_changed_log_refused(self, db, log, state):
         p = self.consume(db, log, check=False)
@@ -141,7 +170,7 @@ class rotation_test(log_files_case):
         lines, totals = self.orders_log()
         log, db = self.path("live.jsonl"), self.path("db")
         self.write(log, lines[:200])
-        p = self.follow(db, log)
+        p = self.follow(db, log, "--rotation-grace", "200ms")  # nothing reaches the old file after the rename
         try:
             self.wait_for("the first part", lambda: self.caught_up(db, os.path.getsize(log)))
             self.write(log, lines[200:260], "ab")  # the last lines before the rotation
@@ -156,11 +185,65 @@ class rotation_test(log_files_case):
         self.assertEqual(self.sums(db), totals)
         self.assertEqual(self.checkpoint(db)["state"], "ok")
 
+    def rotate_while_followed(self, restart):
+        """logrotate's `create` mode under a follower: the log renamed, a new empty one created,
+        the writer appending to the old file until it reopens the log, then to the new one."""
+        first, window, later, new = (self.order_lines(tag, 120) for tag in ("first", "window", "later", "new"))
+        log, db = self.path("live.jsonl"), self.path("db")
+        self.write(log, first)
+        # Each line below reaches the old file well within the grace (a follower read and a stats call apart).
+        grace = ("--rotation-grace", "4s")
+        p = self.follow(db, log, *grace)
+        try:
+            self.wait_for("the first lines", lambda: self.caught_up(db, os.path.getsize(log)))
+            writer = open(log, "ab")  # the writer's descriptor, kept across the rename
+            os.rename(log, log + ".1")
+            self.write(log, [])
+            time.sleep(0.5)  # several polls: the follower has seen the path name the new file
+            writer.write(b"".join(window[:60]))
+            writer.flush()
+            rotated = len(b"".join(first + window[:60]))
+            self.wait_for("the lines appended to the rotated file", lambda: self.caught_up(db, rotated))
+            if restart:
+                self.stop(p)
+                writer.write(b"".join(window[60:]))  # while no consumer runs
+                writer.flush()
+                cp = self.checkpoint(db)  # the truth: the rest of the old file is still to read
+                self.assertEqual((cp["state"], cp["rotated_to"], cp["lag_bytes"]),
+                                 ("rotated", log + ".1", len(b"".join(window[60:]))))
+                p = self.follow(db, log, *grace)
+                self.wait_for("the rotated file after the restart",
+                              lambda: self.caught_up(db, os.path.getsize(log + ".1")))
+                writer.write(b"".join(later))  # the resumed follower still reads the rotated file
+            else:
+                writer.write(b"".join(window[60:] + later))
+            writer.close()  # the writer reopens the log
+            self.write(log, new, "ab")
+            self.wait_for("the new file", lambda: self.caught_up(db, len(b"".join(new))))
+        finally:
+            self.stop(p)
+        self.assertEqual(self.rows(db), self.reference(first + window + later + new))
+        self.assertEqual(self.checkpoint(db), {"source": "log:" + log, "position": os.path.getsize(log),
+                                               "state": "ok", "lag_bytes": 0})
+
+    def test_lines_appended_to_the_rotated_file_before_its_writer_reopens_the_log_are_read(self):
+        self.rotate_while_followed(restart=False)
+
+    def test_a_follower_restarted_while_the_rotated_file_still_grows_reads_the_rest_of_it(self):
+        self.rotate_while_followed(restart=True)
+
+    def test_a_rotation_grace_without_follow_is_refused(self):
+        log = self.path("live.jsonl")
+        self.write(log, self.order_lines("a", 3))
+        p = self.consume(self.path("db"), log, "--rotation-grace", "2s", check=False)
+        self.assertEqual(p.returncode, 1, p.stderr)
+        self.assertIn("option '--rotation-grace' applies to a followed log (--follow)", p.stderr)
+
     def test_delete_and_recreate_during_follow_reads_the_new_file_from_its_start(self):
         lines, totals = self.orders_log()
         log, db = self.path("live.jsonl"), self.path("db")
         self.write(log, lines[:300])
-        p = self.follow(db, log)
+        p = self.follow(db, log, "--rotation-grace", "200ms")
         try:
             self.wait_for("the first file", lambda: self.caught_up(db, os.path.getsize(log)))
             os.remove(log)
@@ -211,6 +294,41 @@ class changed_log_test(log_files_case):
         finally:
             self.stop(q)
         self.assertEqual(self.sums(db), totals)
+
+    def rewrite_while_followed(self, rewrite):
+        """A followed log rewritten in place (the same inode) with other lines of the same
+        lengths: read at the old offset they would be whole lines, applied unnoticed."""
+        original, other = self.order_lines("aaaa", 300), self.order_lines("bbbb", 600)
+        log, db = self.path("live.jsonl"), self.path("db")
+        self.write(log, original)
+        self.write(self.path("other.jsonl"), other)
+        inode = os.stat(log).st_ino
+        p = self.follow(db, log)
+        try:
+            self.wait_for("the log", lambda: self.caught_up(db, os.path.getsize(log)))
+            rewrite(self.path("other.jsonl"), log)
+            _, err = p.communicate(timeout=30)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        self.assertEqual(os.stat(log).st_ino, inode)
+        self.assertEqual(p.returncode, 2, err)
+        self.assertIn(log + ": checkpoint at offset " + str(len(b"".join(original))), err)
+        self.assertIn("--restart-changed-log", err)
+        self.assertEqual(self.rows(db), self.reference(original))  # nothing of the other file
+        return err
+
+    def test_a_followed_log_rewritten_in_place_stops_with_exit_2(self):
+        def overwrite(other, log):
+            with open(log, "r+b") as f:
+                f.write(read_bytes(other))
+        err = self.rewrite_while_followed(overwrite)
+        self.assertIn("the bytes before the offset are not the ones consumed (rewritten in place)", err)
+
+    def test_a_followed_log_copied_over_stops_with_exit_2(self):
+        err = self.rewrite_while_followed(shutil.copyfile)  # cp: cut to nothing, then written
+        self.assertTrue("(rewritten in place)" in err or "(truncated, e.g. copytruncate)" in err, err)
 
     def test_replacement_by_a_shorter_file_stops_with_exit_2(self):
         lines, totals = self.orders_log()

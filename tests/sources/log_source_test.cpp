@@ -365,6 +365,7 @@ TEST_CASE("a follower notices its log rotated and reads the old file to its end,
     auto o = consume_options(dir, log);
     o.follow = true;
     o.poll = std::chrono::milliseconds{10};
+    o.rotation_grace = std::chrono::milliseconds{100};  // nothing is appended to the old file after the rotation
     std::atomic<bool> stop{false};
     std::atomic<std::uint64_t> applied{0};
     o.stop = &stop;

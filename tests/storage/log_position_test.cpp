@@ -179,4 +179,42 @@ TEST_CASE("a reader's position knows its file, and notices the file changing und
     CHECK_FALSE(reader.still_holds(at));
 }
 
+TEST_CASE("a reader checks a position in its open file as a resume checks a checkpoint") {
+    temp_dir dir;
+    const auto log = dir / "live.jsonl";
+    spit(log, lines(10, 70));
+    idem::log_reader reader{log, {.follow = true}};
+    idem::log_record r;
+    while (reader.next(r)) {
+    }
+    const auto at = reader.where();
+    REQUIRE(reader.try_where().has_value());
+    CHECK(reader.try_where()->digest == at.digest);
+    CHECK(reader.check(at).state == idem::log_state::ok);
+    const auto same_length = lines(30, 90);
+    REQUIRE(same_length.size() == at.offset);
+    SUBCASE("rewritten in place, the same length") {
+        std::fstream out{log, std::ios::binary | std::ios::in | std::ios::out};
+        out.write(same_length.data(), static_cast<std::streamsize>(same_length.size()));
+        out.close();
+        auto check = reader.check(at);
+        CHECK(check.state == idem::log_state::replaced);
+        CHECK(check.detail == log.string() + ": checkpoint at offset " + std::to_string(at.offset) + ", the file is " +
+                                  std::to_string(at.offset) +
+                                  " bytes but the bytes before the offset are not the ones consumed (rewritten in place)");
+        CHECK(check_log_position(log, at).detail == check.detail);  // what a resume says
+        CHECK(reader.try_where().has_value());
+    }
+    SUBCASE("cut short") {
+        fs::resize_file(log, 100);
+        CHECK(reader.check(at).state == idem::log_state::truncated);
+        CHECK_FALSE(reader.try_where().has_value());
+    }
+    SUBCASE("renamed away: the open file is checked, wherever it is") {
+        fs::rename(log, dir / "live.jsonl.1");
+        spit(log, same_length);
+        CHECK(reader.check(at).state == idem::log_state::ok);
+    }
+}
+
 }  // TEST_SUITE

@@ -25,6 +25,7 @@ log_run_result consume(const consume_options& options) {
     const auto before = s.read().consumer(options.store.consumer).stats();
     detail::log_run run{s, options};
     run.restart_changed_logs(options.restart_changed_logs);
+    run.rotation_grace(options.rotation_grace);
     auto result = run.run(true, options.follow, options.poll, options.stop);
     result.stats = s.read().consumer(options.store.consumer).stats();
     result.run = difference(result.stats, before);

@@ -36,6 +36,9 @@ public:
     /// Reads a log that changed under its checkpoint again from offset 0 instead of failing.
     void restart_changed_logs(bool yes) { restart_changed_logs_ = yes; }
 
+    /// Following, finishes a rotated file only once it has not grown for this long.
+    void rotation_grace(std::chrono::milliseconds grace) { rotation_grace_ = grace; }
+
 private:
     using clock = std::chrono::steady_clock;
 
@@ -68,6 +71,7 @@ private:
     const log_run_options& options_;
     const std::atomic<bool>* stop_ = nullptr;
     bool restart_changed_logs_ = false;
+    std::chrono::milliseconds rotation_grace_{0};
     std::chrono::milliseconds poll_{100};
     clock::time_point started_ = clock::now();
 

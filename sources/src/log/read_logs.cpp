@@ -43,7 +43,7 @@ void log_run::read_log(const std::filesystem::path& path, bool resume, bool foll
                                                            "and reads the log's current file from its start");
                 }
                 // Without old_file the old file was finished by an earlier run, and is gone now.
-                if (check.old_file && !read_file(source, path, *check.old_file, start, false)) return;
+                if (check.old_file && !read_file(source, path, *check.old_file, start, follow)) return;
                 if (stopping() || !wait_for(path, follow)) return;
                 start = {};
                 break;
@@ -74,10 +74,11 @@ bool log_run::wait_for(const std::filesystem::path& path, bool follow) {
 }
 
 /// Reads file (the log at path, or its rotated predecessor) from start. Returns false if
-/// the run was abandoned or stopped. A rotated predecessor (file != path) is read to its
-/// end and committed as finished. Following, a path that comes to name another file is a
-/// rotation: the open file is finished, then the new one read from its start; a file that
-/// no longer holds what was read (truncated, rewritten) is a changed log.
+/// the run was abandoned or stopped. A rotated file (a predecessor, or the open file once the
+/// path names another while following) is read to its end and committed as finished; while
+/// following, only after it has not grown for the rotation grace (its writer may not have
+/// reopened the log yet). Then, following, the file at the path is read from its start. A
+/// file that no longer holds what was read (truncated, rewritten) is a changed log.
 bool log_run::read_file(const std::string& source, const std::filesystem::path& path,
                         const std::filesystem::path& file, log_position start, bool follow) {
     const bool predecessor = file != path;
@@ -90,28 +91,59 @@ bool log_run::read_file(const std::string& source, const std::filesystem::path& 
     // A rotated file is finished by a reader that does not take an incomplete last record
     // (the writer may still be writing to it); it is reported as torn below.
     if (predecessor) ro.follow = true;
+    // A file that may change while it is read (followed, or rotated and perhaps still written)
+    // is checked against what was read before every read and every hand-over.
+    const bool watched = ro.follow;
     log_reader reader{file, ro};
+    std::filesystem::path open_file = file;
     if (start.file && !reader.still_holds(start)) {
         throw_error(errc::log_changed, file.string() + ": changed while it was being opened at offset " +
                                            std::to_string(start.offset) + "; run again");
     }
     bool lines_known = start.offset == 0;  // after a resume only byte offsets are known
     std::uint64_t counted = reader.position();
-    log_position last = start;
+    log_position last = start;           // the position handed over last (or the start)
+    std::optional<std::string> changed;  // what happened to the open file, once it no longer holds what was read
+
+    // Whether the open file still holds the bytes before `last` (else `changed` says how not).
+    auto unchanged = [&]() {
+        if (!watched) return true;
+        auto check = reader.check(last);
+        if (check.state == log_state::ok) return true;
+        changed = check.detail;
+        return false;
+    };
     auto hand_over_read = [&](bool finished) {
         bytes_read_ += reader.position() - counted;
         counted = reader.position();
         if (used_ == 0 && !finished) return true;
-        last = reader.where();
+        // The new position is taken first, then the file is checked against the previous
+        // one: a rewrite before the check is seen now (the records may be of the new bytes,
+        // at an offset that means nothing there), a rewrite after it by the next check
+        // (this position's digest is of the bytes read).
+        auto next = reader.try_where();
+        if (watched && (!unchanged() || !next)) {
+            if (!changed) {
+                changed = open_file.string() + ": read to offset " + std::to_string(reader.position()) +
+                          ", the file is now " + std::to_string(reader.size()) +
+                          " bytes (truncated, e.g. copytruncate)";
+            }
+            used_ = 0;  // not applied: their bytes may be the new content's
+            return true;
+        }
+        if (!next) next = reader.where();  // throws, naming the file
+        last = *next;
         last.finished = finished;
         return hand_over(source, last, finished);
     };
     // Leaves the open file (left_behind: finished after a rotation) and reads the file now at
     // the log's path from offset 0: after a truncation or rewrite, or a rotation.
     auto reopen_at_path = [&](bool left_behind) {
-        note_done(reader, file, left_behind);
+        note_done(reader, open_file, left_behind);
         ro.start = 0;
+        ro.follow = follow;
         reader = log_reader{path, ro};
+        open_file = path;
         lines_known = true;
         counted = reader.position();
         last = {};
@@ -134,41 +166,66 @@ bool log_run::read_file(const std::string& source, const std::filesystem::path& 
             ++records_read_;
             if (used_ == batch_.size()) {
                 if (!hand_over_read(false)) return false;
-                if (stopping()) return true;  // Ctrl-C: stop at a batch boundary, its checkpoint committed
+                if (changed || stopping()) return true;  // Ctrl-C: stop at a batch boundary, its checkpoint committed
             }
         }
         return true;
     };
+    // A rotated file, following: finished once it has not grown for the rotation grace.
+    bool rotated = predecessor;
+    std::uint64_t rotated_size = reader.size();
+    auto grace_ends = clock::now() + rotation_grace_;
     for (;;) {
-        if (!read_available() || !hand_over_read(false)) return false;
-        if (stopping() || at_limit) break;
-        if (predecessor) {
-            if (!hand_over_read(true)) return false;
-            break;
+        if (!changed && unchanged()) {
+            try {
+                if (!read_available() || !hand_over_read(false)) return false;
+            } catch (const std::system_error&) {
+                // A rewritten binary log read at the old offset is a corrupt record: say what happened.
+                if (unchanged()) throw;
+                used_ = 0;
+            }
         }
-        if (!follow) break;
-        if (!reader.still_holds(last)) {
-            std::string detail = file.string() + ": followed to offset " + std::to_string(last.offset) +
-                                 ", the file is now " + std::to_string(reader.size()) + " bytes " +
-                                 (reader.size() < last.offset ? "(truncated, e.g. copytruncate)"
-                                                              : "and the bytes before the offset changed "
-                                                                "(rewritten in place)");
-            refuse_unless_restarting(detail);
+        if (changed) {
+            refuse_unless_restarting(*changed);
+            changed.reset();
+            used_ = 0;
+            if (open_file != path) {  // a rotated predecessor: the caller reads the path's file next
+                note_done(reader, open_file, false);
+                return !stopping();
+            }
             reopen_at_path(false);
+            rotated = false;
             continue;
         }
-        auto at_path = try_identity_of(path);
-        if (at_path && *at_path != reader.identity()) {
-            // Rotated (or deleted and created anew): finish the open file, then take the new one.
-            if (!read_available()) return false;
-            if (stopping()) break;
-            if (!hand_over_read(true)) return false;
-            reopen_at_path(true);
-            continue;
+        if (stopping() || at_limit) break;
+        if (rotated) {
+            const auto size = reader.size();
+            if (size != rotated_size) {
+                rotated_size = size;
+                grace_ends = clock::now() + rotation_grace_;
+            }
+            if (!follow || clock::now() >= grace_ends) {
+                if (!hand_over_read(true)) return false;
+                if (changed) continue;
+                if (open_file != path) break;
+                reopen_at_path(true);
+                rotated = false;
+                continue;
+            }
+        } else {
+            if (!follow) break;
+            auto at_path = try_identity_of(path);
+            if (at_path && *at_path != reader.identity()) {
+                // Rotated (or deleted and created anew): drain the open file until it is finished.
+                rotated = true;
+                rotated_size = reader.size();
+                grace_ends = clock::now() + rotation_grace_;
+                continue;
+            }
         }
         std::this_thread::sleep_for(poll_);
     }
-    note_done(reader, file, predecessor && !stopping());
+    note_done(reader, open_file, open_file != path && !stopping());
     return !stopping();
 }
 

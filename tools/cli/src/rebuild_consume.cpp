@@ -30,7 +30,8 @@ int rebuild_logs(const tool_context& t, const arguments& a) {
 // An option of one kind of input given with the other is refused, never silently ignored.
 void refuse_options_of_the_other_input(const arguments& a, bool nats) {
     static constexpr std::string_view log_only[] = {"format",       "skip-bad",  "batch",         "follow",
-                                                    "restart-changed-log", "journal-rows", "transport", "resend-within"};
+                                                    "restart-changed-log", "rotation-grace", "journal-rows", "transport",
+                                                    "resend-within"};
     if (nats) {
         for (auto name : log_only) {
             if (a.get(name)) {
@@ -69,6 +70,10 @@ int consume_logs(const tool_context& t, const arguments& a) {
     o.store.huge_index_pages = true;  // a job that inserts an id per record: fewer page faults
     o.follow = a.flag("follow");
     o.restart_changed_logs = a.flag("restart-changed-log");
+    if (auto grace = duration_option(a, "rotation-grace")) {
+        if (!o.follow) throw usage_error("option '--rotation-grace' applies to a followed log (--follow)");
+        o.rotation_grace = std::chrono::duration_cast<std::chrono::milliseconds>(*grace);
+    }
     stop_signals signals;
     auto r = consume(o);
     bar.finish();
@@ -97,6 +102,9 @@ std::vector<command> log_run_commands(context_fn t) {
          {"restart-changed-log", "",
           "read a log truncated or rewritten under its checkpoint again from offset 0 (the inbox drops what was "
           "applied) instead of stopping with exit 2"},
+         {"rotation-grace", "D",
+          "following, a rotated log's old file is read until it has not grown for D (default 5s: its writer may "
+          "append until it reopens the log), then the new file"},
          {"durability", "full|periodic|none", "fsync policy (default full: a commit is on disk before the next)"},
          {"journal-rows", "N",
           "changed rows are journaled and folded into the row table once N are journaled (default: automatic)"},

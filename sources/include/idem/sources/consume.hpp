@@ -28,13 +28,18 @@ struct consume_options : log_run_options {
     /// offset 0 instead of failing with errc::log_changed; the inbox recognizes what was applied.
     bool restart_changed_logs = false;
     std::chrono::milliseconds poll{100};            ///< how often a followed log is checked for new records
+    /// Following, how long a rotated log's old file must go without growing before it is
+    /// finished: a writer keeps appending to it until it reopens the log (logrotate's `create`
+    /// mode), and what it appends meanwhile is read before the new file. 0: finished at once.
+    std::chrono::milliseconds rotation_grace{5000};
 };
 
 /// Applies the logs to options.store.path, each batch with its log's position (byte offset,
 /// file identity, digest of the bytes before it: log_position) as the checkpoint in the same
 /// transaction; a rerun resumes exactly after the last commit. A rotated log is finished in
-/// its old file, then read in its new one; a log truncated or rewritten under its checkpoint
-/// throws errc::log_changed naming it (unless restart_changed_logs). A last record without its
+/// its old file (following, once it has not grown for rotation_grace), then read in its new
+/// one; a log truncated or rewritten under its checkpoint, between runs or while it is
+/// followed, throws errc::log_changed naming it (unless restart_changed_logs). A last record without its
 /// end (a writer mid-append) is left for a later run and reported in the result's `torn`.
 /// options.stop is checked after every batch.
 log_run_result consume(const consume_options& options);

@@ -131,8 +131,12 @@ public:
     file_identity identity() const;
     /// Returns position() with the open file's identity and the digest of the bytes before it.
     log_position where() const;
+    /// Returns where(), or nullopt if the open file is now shorter than position() (cut under the reader).
+    std::optional<log_position> try_where() const;
     /// Returns whether the open file still holds p's bytes (not truncated below p.offset, nor rewritten before it).
     bool still_holds(const log_position& p) const;
+    /// Checks the open file against p, a position in it: ok, truncated or replaced (check_open_log).
+    log_check check(const log_position& p) const;
 
 private:
     bool detect_format();

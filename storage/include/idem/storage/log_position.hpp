@@ -62,6 +62,9 @@ std::optional<file_identity> try_identity_of(const std::filesystem::path& path);
 /// Returns the position at offset in an open file: its identity and the digest of the bytes before offset.
 log_position position_in(int fd, const std::filesystem::path& path, std::uint64_t offset);
 
+/// Returns the position at offset in an open file, or nullopt if the file is shorter than offset.
+std::optional<log_position> try_position_in(int fd, const std::filesystem::path& path, std::uint64_t offset);
+
 /// Returns whether the open file holds, before p.offset, the bytes p's digest was taken over.
 bool digest_matches(int fd, const std::filesystem::path& path, const log_position& p);
 
@@ -101,5 +104,10 @@ struct log_check {
 /// holds the same bytes before the offset (a copy), replaced if not. An offset-only checkpoint
 /// is checked by size alone. Throws std::system_error naming the file on an I/O failure.
 log_check check_log_position(const std::filesystem::path& path, const log_position& at);
+
+/// Checks a position in the open file fd (named path in the detail), wherever that file is now:
+/// ok, truncated (shorter than at.offset) or replaced (the digest differs), with the detail
+/// check_log_position gives. lag_bytes is not set.
+log_check check_open_log(int fd, const std::filesystem::path& path, const log_position& at);
 
 }  // namespace idem
