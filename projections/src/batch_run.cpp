@@ -186,7 +186,9 @@ outcome batch_run::deliver(const item& d) {
     std::optional<std::string> collision;  // the transport id was first used by another event
     if (!message_id.empty()) {
         if (auto first = s_.ids->find(txn_, message_id, hash)) {
-            const auto first_commit = first->position == 0 ? commit_ : first->extra[1] >> 8;
+            const auto first_commit = first->position == 0 ? commit_ : layout::inbox_commit(first->extra[1]);
+            // A signed id names the message whatever the unsigned rest of the delivery says.
+            if (d.signed_message_id) return duplicate(label(), message_id, first_commit, first->extra[1]);
             if (first->extra[2] != d.identity && !message_id.starts_with("e")) {
                 // A transport id is unique within its transport only as far as the transport keeps
                 // it so: another event under it is reported, and judged on its own as a new message.
@@ -204,10 +206,7 @@ outcome batch_run::deliver(const item& d) {
                                 "); the first effect stands",
                             message_id);
             } else {
-                return outcome{outcome_kind::duplicate_message, reason::none,
-                               label() + " " + layout::describe_message_id(message_id) + " already processed in commit " +
-                                   std::to_string(first_commit),
-                               0};
+                return duplicate(label(), message_id, first_commit, first->extra[1]);
             }
         }
     }
@@ -225,7 +224,7 @@ outcome batch_run::deliver(const item& d) {
         s_.event_ids->stage(message_id, d.ev, stamp);
     }
     auto result = malformed ? dead(d, d.err.why, "malformed event: " + d.err.detail, message_id) : process(d, future);
-    if (record) s_.ids->annotate_last({d.fingerprint, layout::inbox_word(commit_, result.kind), d.identity});
+    if (record) s_.ids->annotate_last({d.fingerprint, layout::inbox_word(commit_, result.kind, result.why), d.identity});
     if (collision) {
         *collision += ": " + std::string(to_string(result.kind)) +
                       (result.why != reason::none ? " (" + std::string(to_string(result.why)) + ")" : std::string());
@@ -233,6 +232,23 @@ outcome batch_run::deliver(const item& d) {
         result.detail = result.detail.empty() ? *collision : *collision + "; " + result.detail;
     }
     return result;
+}
+
+// A message already in the inbox. It says what the first delivery did (and why, when it was
+// dead-lettered), so that a source answers a retry as it answered the first delivery.
+outcome batch_run::duplicate(const std::string& label, std::string_view message_id, std::uint64_t first_commit,
+                             std::uint64_t inbox_word) {
+    outcome o{outcome_kind::duplicate_message, reason::none,
+              label + " " + layout::describe_message_id(message_id) + " already processed in commit " +
+                  std::to_string(first_commit),
+              0};
+    o.first = layout::inbox_outcome(inbox_word);
+    if (o.first == outcome_kind::dead_lettered) {
+        o.why = layout::inbox_reason(inbox_word);
+        o.detail += ", where it was dead-lettered" +
+                    (o.why != reason::none ? " (" + std::string(to_string(o.why)) + ")" : std::string());
+    }
+    return o;
 }
 
 outcome batch_run::process(const item& d, bool future) {

@@ -330,8 +330,9 @@ std::optional<inbox_entry> decode_inbox_entry(std::string_view v) {
     e.record.stamp = codec::get_u64_le(v);
     e.record.fingerprint = codec::get_u64_le(v.substr(8));
     const auto word = codec::get_u64_le(v.substr(16));
-    e.record.commit = word >> 8;
-    e.record.outcome = static_cast<outcome_kind>(word & 0xff);
+    e.record.commit = inbox_commit(word);
+    e.record.outcome = inbox_outcome(word);
+    e.record.why = inbox_reason(word);
     e.message_id = v.substr(inbox_header);
     return e;
 }

@@ -157,6 +157,7 @@ void prepare_item(const store::impl& s, const delivery& d, prepared_batch::item&
     out.body_digest.reset();
     out.transport_id.assign(d.message_id);
     out.transport.assign(d.transport);
+    out.signed_message_id = d.signed_message_id;
     out.line = d.line;
     out.offset = d.offset;
     const auto limit = s.options.max_event_bytes;

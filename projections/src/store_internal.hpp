@@ -112,6 +112,7 @@ struct prepared_batch::item {
     std::string body;
     std::string transport_id;
     std::string transport;   // the transport the id belongs to
+    bool signed_message_id = false;  // delivery::signed_message_id
     std::uint64_t line = 0;  // where it was read from a log (0: not from a log)
     std::uint64_t offset = 0;
     // Taken back out of the store (a released parked event, a redriven dead letter): it has no
@@ -280,6 +281,8 @@ private:
     void prefetch(const item& d) const noexcept;
     outcome deliver(const item& d);
     outcome process(const item& d, bool future);
+    outcome duplicate(const std::string& label, std::string_view message_id, std::uint64_t first_commit,
+                      std::uint64_t inbox_word);
     void release_parked(const std::string& subject, stream_state& st);
     outcome apply_projections(const item& d);
     std::unique_ptr<detail::state_box> copy_of(std::size_t p, const detail::state_box& state);

@@ -14,6 +14,7 @@ import json
 import os
 import random
 import re
+import resource
 import shutil
 import signal
 import socket
@@ -38,9 +39,9 @@ def event(eid, order, amount, source="/orders"):
 class server:
     """One `idem serve` process; its first stdout line names the port it listens on."""
 
-    def __init__(self, db, *extra):
+    def __init__(self, db, *extra, preexec_fn=None):
         self.proc = subprocess.Popen([IDEM, "serve", "--db", db, "--listen", "127.0.0.1:0", *map(str, extra)],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=preexec_fn)
         line = self.proc.stdout.readline().decode()
         if not line:
             raise AssertionError("idem serve did not start: " + self.proc.stderr.read().decode())
@@ -87,7 +88,7 @@ class server:
             self.proc.send_signal(sig)
         try:
             self.proc.wait(timeout)
-            err = self.proc.stderr.read().decode(errors="replace")
+            err = self.err = self.proc.stderr.read().decode(errors="replace")
         finally:
             self.proc.stdout.close()
             self.proc.stderr.close()
@@ -162,8 +163,8 @@ class serve_case(unittest.TestCase):
             s.proc.stdout.close()
             s.proc.stderr.close()
 
-    def start(self, *extra):
-        s = server(self.db, *extra)
+    def start(self, *extra, preexec_fn=None):
+        s = server(self.db, *extra, preexec_fn=preexec_fn)
         self.servers.append(s)
         return s
 
@@ -242,7 +243,8 @@ class cloudevents_tests(serve_case):
         big = raw("g5", "o5", 1, ',"note":123456789012345678901')
         status, _, first = s.post(big)
         status, _, again = s.post("[" + big + "]", "application/cloudevents-batch+json")
-        self.assertEqual(again["outcomes"][0]["outcome"], "duplicate_message", (first, again))
+        # (It was dead-lettered, decode_failed: the retry is answered so, as the same message.)
+        self.assertIn("already processed in commit", again["outcomes"][0]["detail"], (first, again))
         # Content after the array: not a batch, 400 (nothing applied). An array nested far deeper
         # than any limit: a batch of one malformed event.
         status, _, out = s.post("[" + raw("g6", "o6", 1) + "]\x00junk", "application/cloudevents-batch+json")
@@ -286,6 +288,15 @@ class cloudevents_tests(serve_case):
                                  "data": {"order_id": "o-m", "amount": "not a number"}})
         self.assertEqual(status, 400, out)
         self.assertEqual(out["outcomes"][0]["reason"], "decode_failed")
+        # Its retry is the same message (the same event id): answered as the first delivery was,
+        # so that a sender retrying until a 2xx never takes it for delivered.
+        status, _, again = s.post({"specversion": "1.0", "id": "m-1", "source": "/orders", "type": "order.line_added",
+                                   "data": {"order_id": "o-m", "amount": "not a number"}})
+        self.assertEqual(status, 400, again)
+        self.assertEqual((again["outcomes"][0]["outcome"], again["outcomes"][0]["reason"]),
+                         ("dead_lettered", "decode_failed"), again)
+        self.assertIn("already processed", again["outcomes"][0]["detail"])
+        self.assertEqual(s.metric("idem_dead_letters_total"), 3)  # the retry is no new dead letter
 
     def test_a_client_expecting_100_continue_is_told_to_send_its_body(self):
         s = self.start()
@@ -368,10 +379,10 @@ class webhook_tests(serve_case):
             self.assertEqual(status, 200, out)
             self.assertEqual(out["outcomes"][0]["outcome"], expected)
         # X-GitHub-Delivery is not signed: the captured body and signature replayed under a new
-        # one are the same event (named by the signed body), never applied again.
+        # one are the same message (named by the signed body), never applied again.
         status, _, out = s.post(body, "application/json", dict(headers, **{"X-GitHub-Delivery": "d-attacker"}))
         self.assertEqual(status, 200, out)
-        self.assertEqual(out["outcomes"][0]["outcome"], "duplicate_event", out)
+        self.assertEqual(out["outcomes"][0]["outcome"], "duplicate_message", out)
         self.assertEqual(s.row("o-gh")[1]["state"]["total"], 7)
 
         body = json.dumps({"id": "evt_1", "type": "order.line_added", "order_id": "o-st", "amount": 9}).encode()
@@ -391,6 +402,89 @@ class webhook_tests(serve_case):
             self.assertEqual(status, 401, out)
             self.assertIn("expired", out["error"])
 
+    def test_a_signed_request_replayed_with_other_unsigned_headers_is_the_same_message(self):
+        # No scheme signs the ce-* headers, X-GitHub-Delivery or X-GitHub-Event: a captured signed
+        # request sent again with other values there is the message it was, applied once.
+        sw = self.secret_file("sw.conf", f"scheme = standard-webhooks\nsecret = {SW_SECRET}\n")
+        st = self.secret_file("st.conf", "scheme = stripe\nsecret = whsec_stripe\n")
+        gh = self.secret_file("gh.conf", "scheme = github\nsecret = gh secret\n")
+        ghm = self.secret_file("ghm.conf", "scheme = github\nsecret = gh mapped\nsource = /github\n"
+                               "type = header:X-GitHub-Event\nsubject = /order_id\n")
+        s = self.start(*[x for f in (sw, st, gh, ghm) for x in ("--webhook-secret-file", f)])
+        reference = {}
+
+        def binary(eid, order, amount):
+            body = json.dumps({"order_id": order, "amount": amount}).encode()
+            return body, {"ce-specversion": "1.0", "ce-id": eid, "ce-source": "/orders",
+                          "ce-type": "order.line_added", "ce-subject": order}
+
+        def stripe(body):
+            t = str(int(time.time()))
+            return {"Stripe-Signature": f"t={t},v1=" + hmac.new(b"whsec_stripe", t.encode() + b"." + body,
+                                                                 hashlib.sha256).hexdigest()}
+
+        def github(secret, body):
+            return {"X-Hub-Signature-256": "sha256=" + hmac.new(secret, body, hashlib.sha256).hexdigest()}
+
+        def replays(body, headers, changes):
+            status, _, out = s.post(body, "application/json", headers)
+            self.assertEqual((status, out["outcomes"][0]["outcome"]), (200, "applied"), out)
+            for change in changes:
+                with self.subTest(change=change):
+                    status, _, out = s.post(body, "application/json", dict(headers, **change))
+                    self.assertEqual((status, out["outcomes"][0]["outcome"]), (200, "duplicate_message"), out)
+
+        # Standard Webhooks, binary mode: webhook-id is signed, the event id and row key are not.
+        body, ce = binary("sw-1", "o-sw", 5)
+        replays(body, dict(ce, **standard_headers("msg_sw", body)),
+                [{"ce-id": "sw-1-again"}, {"ce-source": "/elsewhere"}, {"ce-subject": "o-sw-other"}])
+        reference["o-sw"] = {"total": 5, "lines": 1, "currency": "EUR"}
+        # Stripe, binary mode: within its tolerance the same signed body is the same message.
+        body, ce = binary("st-1", "o-st", 6)
+        replays(body, dict(ce, **stripe(body)), [{"ce-id": "st-1-again"}, {"ce-subject": "o-st-other"}])
+        reference["o-st"] = {"total": 6, "lines": 1, "currency": "EUR"}
+        # GitHub wrapped by a mapping: the body is signed; the delivery id and the event header are not.
+        body = json.dumps({"order_id": "o-ghm", "amount": 4}).encode()
+        replays(body, dict(github(b"gh mapped", body), **{"X-GitHub-Event": "order.line_added",
+                                                           "X-GitHub-Delivery": "d-1"}),
+                [{"X-GitHub-Delivery": "d-2"}, {"X-GitHub-Delivery": "d-3", "X-GitHub-Event": "push"}])
+        reference["o-ghm"] = {"total": 4, "lines": 1, "currency": "EUR"}
+        # GitHub, binary mode: a signature without a timestamp over the body alone can never bind
+        # the ce-* headers: refused, nothing stored.
+        body, ce = binary("gh-1", "o-gh", 3)
+        status, _, out = s.post(body, "application/json", dict(ce, **github(b"gh secret", body)))
+        self.assertEqual(status, 400, out)
+        self.assertIn("structured", out["error"])
+        self.assertEqual(s.stop(), 0)
+        self.assertEqual(dump(self.db), reference)
+
+    def test_a_retry_of_a_dead_lettered_webhook_gets_the_first_answer_again(self):
+        f = self.secret_file("sender.conf", f"scheme = standard-webhooks\nsecret = {SW_SECRET}\n")
+        s = self.start("--webhook-secret-file", f)
+        bad = json.dumps({"specversion": "1.0", "id": "dl-1", "source": "/orders", "type": "order.line_added",
+                          "data": {"order_id": "o-dl", "amount": "not a number"}}).encode()
+        cases = [(bad, "msg_decode", "decode_failed"), (b"{not json", "msg_json", "invalid_json")]
+        for body, msg_id, why in cases:
+            with self.subTest(why=why):
+                # The first delivery, then the sender's retries (re-signed, as senders do).
+                for attempt in range(3):
+                    status, _, out = s.post(body, headers=standard_headers(msg_id, body))
+                    self.assertEqual(status, 400, (attempt, out))
+                    self.assertEqual((out["outcomes"][0]["outcome"], out["outcomes"][0]["reason"]),
+                                     ("dead_lettered", why), (attempt, out))
+        # In a batch (always 200) the retried event still says it was dead-lettered, and why.
+        batch = json.dumps([event("dl-2", "o-dl2", 8), json.loads(bad)]).encode()
+        for attempt, first in enumerate(("applied", "duplicate_message")):
+            status, _, out = s.post(batch, "application/cloudevents-batch+json", standard_headers("msg_batch", batch))
+            self.assertEqual(status, 200, out)
+            self.assertEqual([(o["outcome"], o.get("reason")) for o in out["outcomes"]],
+                             [(first, None), ("dead_lettered", "decode_failed")], (attempt, out))
+        # One per first delivery (in the batch the event is its own message, not msg_decode's);
+        # the retries made none.
+        self.assertEqual(s.metric("idem_dead_letters_total"), 3)
+        self.assertEqual(s.stop(), 0)
+        self.assertEqual(dump(self.db), {"o-dl2": {"total": 8, "lines": 1, "currency": "EUR"}})
+
     def test_an_inbox_retention_shorter_than_the_senders_retries_is_refused(self):
         p = subprocess.run([IDEM, "serve", "--db", self.db, "--listen", "127.0.0.1:0", "--inbox-retention", "1d"],
                            capture_output=True, timeout=30)
@@ -400,12 +494,25 @@ class webhook_tests(serve_case):
         self.assertEqual(s.request("GET", "/readyz")[0], 200)
 
     def test_a_bad_secret_file_is_refused_naming_it(self):
-        f = self.secret_file("bad.conf", "scheme = standard-webhooks\nsecret = not-whsec\n")
-        p = subprocess.run([IDEM, "serve", "--db", self.db, "--listen", "127.0.0.1:0", "--webhook-secret-file", f],
-                           capture_output=True, timeout=30)
-        self.assertNotEqual(p.returncode, 0)
-        self.assertIn("bad.conf", p.stderr.decode())
-        self.assertIn("whsec_", p.stderr.decode())
+        cases = {
+            "bad.conf": ("scheme = standard-webhooks\nsecret = not-whsec\n", "whsec_"),
+            # A GitHub signature covers no header: the event's id and row key come from the body.
+            "ghid.conf": ("scheme = github\nsecret = s\ntype = header:X-GitHub-Event\nid = header:X-GitHub-Delivery\n",
+                          "'id = header:X-GitHub-Delivery'"),
+            "ghsubject.conf": ("scheme = github\nsecret = s\ntype = /t\nsubject = header:X-Order\n",
+                               "must come from the body"),
+            # A replay within the tolerance must still find its message id in the inbox.
+            "tolerant.conf": (f"scheme = standard-webhooks\nsecret = {SW_SECRET}\ntolerance = 5d\n",
+                              "shorter than --inbox-retention"),
+        }
+        for name, (text, why) in cases.items():
+            with self.subTest(name):
+                f = self.secret_file(name, text)
+                p = subprocess.run([IDEM, "serve", "--db", self.db, "--listen", "127.0.0.1:0",
+                                    "--webhook-secret-file", f], capture_output=True, timeout=30)
+                self.assertNotEqual(p.returncode, 0)
+                self.assertIn(name.split(".")[0], p.stderr.decode())
+                self.assertIn(why, p.stderr.decode())
 
 
 class limit_tests(serve_case):
@@ -544,6 +651,80 @@ class limit_tests(serve_case):
         self.assertEqual(s.stop(), 0)
         rows = dump(self.db)
         self.assertEqual(sorted(rows), sorted(e for e, st, _ in answers if st == 200))
+
+
+def cpu_seconds(pid):
+    """The user and system CPU time a process has used, in seconds (/proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def lowest_free_descriptor(pid):
+    used = {int(n) for n in os.listdir(f"/proc/{pid}/fd")}
+    return next(n for n in range(len(used) + 1) if n not in used)
+
+
+class descriptor_tests(serve_case):
+    """Out of descriptors, accept() fails at once while a connection waits in the listen queue:
+    a loop retrying at once spins a core and the server stops answering."""
+
+    def assert_idle_while(self, s, seconds=2.0):
+        before = cpu_seconds(s.proc.pid)
+        time.sleep(seconds)  # measuring what the server does meanwhile: there is nothing to poll
+        used = cpu_seconds(s.proc.pid) - before
+        self.assertLess(used, 0.5, f"the server used {used:.2f} s of CPU in {seconds} s, out of descriptors")
+
+    def test_max_connections_is_capped_by_the_descriptor_limit(self):
+        limit = 64
+        s = self.start(preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit)))
+        held = []
+        try:
+            for _ in range(2 * limit):  # far more than the limit allows
+                held.append(socket.create_connection(("127.0.0.1", s.port), timeout=10))
+            self.assert_idle_while(s)
+        finally:
+            for c in held:
+                c.close()
+        # The server sees the connections close as it reads them: a request is answered once one
+        # of them has gone.
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                if s.request("GET", "/healthz", timeout=2)[0] == 200:
+                    break
+            except OSError:
+                pass
+            self.assertLess(time.monotonic(), deadline, "no answer after the idle connections closed")
+            time.sleep(0.05)
+        self.assertEqual(s.stop(), 0)
+        self.assertIn("--max-connections 256 capped to 32", s.err)
+
+    def test_out_of_descriptors_the_accept_loop_backs_off_and_then_accepts_again(self):
+        s = self.start()
+        keep = http.client.HTTPConnection("127.0.0.1", s.port, timeout=10)  # a kept-alive connection to ask on
+        keep.request("GET", "/healthz")
+        keep.getresponse().read()
+        hard = resource.prlimit(s.proc.pid, resource.RLIMIT_NOFILE)
+        # The next descriptor the server opens would be past its limit: every accept fails (EMFILE).
+        resource.prlimit(s.proc.pid, resource.RLIMIT_NOFILE, (lowest_free_descriptor(s.proc.pid), hard[1]))
+        waiting = [socket.create_connection(("127.0.0.1", s.port), timeout=10) for _ in range(3)]
+        try:
+            self.assert_idle_while(s)
+            keep.request("GET", "/metrics")
+            text = keep.getresponse().read().decode()
+            self.assertRegex(text, r"idem_http_accept_failures_total [1-9]")
+            resource.prlimit(s.proc.pid, resource.RLIMIT_NOFILE, hard)
+            # The connections that waited in the listen queue are accepted and answered now.
+            waiting[0].sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            self.assertTrue(waiting[0].recv(64).startswith(b"HTTP/1.1 200"))
+        finally:
+            keep.close()
+            for c in waiting:
+                c.close()
+        self.assertEqual(s.stop(), 0)
+        self.assertIn("cannot accept connections", s.err)
+        self.assertIn("accepting connections again", s.err)
 
 
 class security_tests(serve_case):

@@ -44,6 +44,11 @@ void string_field(writer& w, const char* name, std::string_view value) {
 
 }  // namespace
 
+bool answered_as_dead_letter(const outcome& o) noexcept {
+    return o.kind == outcome_kind::dead_lettered ||
+           (o.kind == outcome_kind::duplicate_message && o.first == outcome_kind::dead_lettered);
+}
+
 std::string outcomes_json(const std::vector<event_result>& results, std::uint64_t durable_commit) {
     rapidjson::StringBuffer buf;
     writer w{buf};
@@ -56,7 +61,8 @@ std::string outcomes_json(const std::vector<event_result>& results, std::uint64_
             string_field(w, "outcome", "error");
             string_field(w, "detail", r.error.message());
         } else {
-            string_field(w, "outcome", to_string(r.result.kind));
+            const auto kind = answered_as_dead_letter(r.result) ? outcome_kind::dead_lettered : r.result.kind;
+            string_field(w, "outcome", to_string(kind));
             w.Key("commit");
             w.Uint64(r.result.commit);
             if (r.result.why != reason::none) string_field(w, "reason", to_string(r.result.why));

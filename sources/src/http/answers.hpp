@@ -18,7 +18,12 @@ struct event_result {
     outcome result;
 };
 
-/// Returns {"outcomes":[{"outcome","commit","reason","detail"}...],"durable_commit":N}.
+/// Returns whether an outcome is answered as a dead letter (400 outside a batch): it is one, or
+/// it is a retry of a message whose first delivery was one, which gets that delivery's answer.
+bool answered_as_dead_letter(const outcome& o) noexcept;
+
+/// Returns {"outcomes":[{"outcome","commit","reason","detail"}...],"durable_commit":N}; a retry
+/// of a dead-lettered message is "dead_lettered" with the first delivery's reason.
 std::string outcomes_json(const std::vector<event_result>& results, std::uint64_t durable_commit);
 /// Returns {"error":text}.
 std::string error_json(std::string_view text);

@@ -234,6 +234,9 @@ ingest read_events(const header_list& headers, std::string_view body, const std:
     std::string default_id;  // a wrapped event's id when its mapping names none: something the signature covers
     std::string transport;
     const webhook_mapping* mapping = nullptr;
+    const auto type = media_type(headers.get("content-type").value_or(""));
+    const bool structured = type == "application/cloudevents+json" || type == "application/cloudevents-batch+json";
+    const bool binary = !structured && headers.get("ce-specversion");
     if (!senders.empty()) {
         auto s = check_signature(headers, body, senders, now);
         if (s.sender == nullptr) {
@@ -243,27 +246,40 @@ ingest read_events(const header_list& headers, std::string_view body, const std:
         }
         out.sender = s.sender->name;
         transport = "webhook:" + s.sender->name;
+        // The message is named by what its signature covers, so that no header outside it (ce-*,
+        // X-GitHub-Delivery, X-GitHub-Event) can make a captured request a new message: Standard
+        // Webhooks sign webhook-id with the body; GitHub and Stripe sign the body only (Stripe
+        // with a timestamp that changes on every retry), so their message is the body's hash.
         if (s.sender->scheme == signature_scheme::standard_webhooks) {
             message_id = std::string(headers.get("webhook-id").value_or(""));
-            default_id = message_id;  // signed with the body
-        } else if (s.sender->scheme == signature_scheme::github) {
-            message_id = std::string(headers.get("x-github-delivery").value_or(""));
-            // X-GitHub-Delivery is not signed: a captured body re-sent under a new one must
-            // still be the same event, so the event is named by what is signed, its body.
-            default_id = "sha256:" + hex_encode(sha256(body));
-        }  // Stripe sends no delivery id: the event's own id (evt_...) is stable across its retries
-        if (s.sender->mapping) mapping = &*s.sender->mapping;
+        } else {
+            message_id = "sha256:" + hex_encode(sha256(body));
+        }
+        default_id = message_id;
+        if (s.sender->mapping) {
+            mapping = &*s.sender->mapping;
+        } else if (s.sender->scheme == signature_scheme::github && binary) {
+            // Without a timestamp a GitHub signature can be replayed for ever, past the inbox's
+            // memory of the message, and it covers none of the ce-* headers that would be the
+            // event's identity.
+            out.status = 400;
+            out.error = "sender '" + s.sender->name +
+                        "' signs with the github scheme, which covers the body only and has no timestamp: a "
+                        "binary-mode CloudEvent's ce-* headers are outside the signature; send the event "
+                        "structured (application/cloudevents+json) or configure a mapping";
+            return out;
+        }
     }
     auto single = [&](delivery d) {
         d.message_id = message_id;
         d.transport = transport;
+        d.signed_message_id = !message_id.empty();
         out.deliveries.push_back(std::move(d));
     };
     if (mapping != nullptr) {
         single(wrapped_event(*mapping, headers, body, default_id));
         return out;
     }
-    const auto type = media_type(headers.get("content-type").value_or(""));
     if (type == "application/cloudevents+json") {
         single(raw(body));
     } else if (type == "application/cloudevents-batch+json") {
@@ -285,7 +301,7 @@ ingest read_events(const header_list& headers, std::string_view body, const std:
             one.transport = transport;  // each event is identified by its own id, not the request's
             out.deliveries.push_back(std::move(one));
         }
-    } else if (headers.get("ce-specversion")) {
+    } else if (binary) {
         single(binary_event(headers, body));
     } else {
         out.status = 415;

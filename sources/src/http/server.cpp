@@ -67,6 +67,12 @@ answer_class class_of(unsigned status) {
     return not_found;
 }
 
+// The process or the system is out of descriptors (or of the memory a socket needs).
+bool out_of_descriptors(const beast::error_code& ec) {
+    return ec == asio::error::no_descriptors || ec == boost::system::errc::too_many_files_open_in_system ||
+           ec == asio::error::no_buffer_space || ec == asio::error::no_memory;
+}
+
 bool parse_u64(std::string_view text, std::uint64_t& out) {
     auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), out);
     return ec == std::errc{} && end == text.data() + text.size() && !text.empty();
@@ -76,7 +82,8 @@ bool parse_u64(std::string_view text, std::uint64_t& out) {
 
 struct server::impl : std::enable_shared_from_this<impl> {
     impl(asio::any_io_executor ex, engine& e, server_options options)
-        : executor(ex), strand(asio::make_strand(ex)), eng(e), o(std::move(options)), acceptor(strand) {}
+        : executor(ex), strand(asio::make_strand(ex)), eng(e), o(std::move(options)), acceptor(strand),
+          accept_backoff(strand) {}
 
     asio::any_io_executor executor;  // each connection gets a strand of it
     asio::strand<asio::any_io_executor> strand;  // the acceptor's
@@ -86,7 +93,9 @@ struct server::impl : std::enable_shared_from_this<impl> {
     tcp::endpoint bound;
     std::optional<asio::ssl::context> tls;  // set before the first accept, then only read
 
+    asio::steady_timer accept_backoff;  // out of descriptors: the wait before the next accept
     std::uint64_t next_session = 0;  // on the acceptor's strand
+    bool starved = false;            // on the acceptor's strand: accepts failing for want of descriptors
     std::atomic<bool> stopping{false};
 
     // A connection leaves the table from its destructor, on whichever thread dropped it last.
@@ -100,8 +109,10 @@ struct server::impl : std::enable_shared_from_this<impl> {
     std::atomic<std::uint64_t> refused{0};
     std::atomic<std::uint64_t> timeouts{0};
     std::atomic<std::uint64_t> in_flight{0};
+    std::atomic<std::uint64_t> accept_failures{0};
 
     void accept();
+    void back_off(const beast::error_code& ec);
     void closed(std::uint64_t id);
     void finish_stop_if_done(std::unique_lock<std::mutex>& lock);
     void stop_sessions();
@@ -313,7 +324,7 @@ private:
         bool dead = false;
         for (const auto& r : results_) {
             failed |= bool(r.error);
-            dead |= !r.error && r.result.kind == outcome_kind::dead_lettered;
+            dead |= !r.error && detail::answered_as_dead_letter(r.result);
         }
         auto body = detail::outcomes_json(results_, srv_->eng.durable_commit());
         if (failed) {
@@ -452,6 +463,11 @@ void server::impl::accept() {
     acceptor.async_accept(strand_of_next, [self = this->shared_from_this(), strand_of_next](beast::error_code ec,
                                                                                            tcp::socket socket) {
         if (ec == asio::error::operation_aborted || !self->acceptor.is_open()) return;
+        if (out_of_descriptors(ec)) return self->back_off(ec);
+        if (self->starved) {
+            self->starved = false;
+            if (self->o.notice) self->o.notice("accepting connections again");
+        }
         if (!ec) {
             std::unique_lock lock{self->m};
             if (self->stopping || self->sessions.size() >= self->o.max_connections) {
@@ -478,6 +494,25 @@ void server::impl::accept() {
                 }
             }
         }
+        self->accept();
+    });
+}
+
+// The connection waiting in the listen queue stays there, and the next accept would fail at
+// once again: a loop retrying at once would spin a core and starve the connections' handlers.
+void server::impl::back_off(const beast::error_code& ec) {
+    ++accept_failures;
+    if (!starved) {
+        starved = true;
+        if (o.notice) {
+            o.notice("cannot accept connections: " + ec.message() + " (" + std::to_string(connections.load()) +
+                     " open); trying again every " + std::to_string(o.accept_backoff.count()) +
+                     " ms until descriptors are free (raise the descriptor limit, or lower the connection limit)");
+        }
+    }
+    accept_backoff.expires_after(o.accept_backoff);
+    accept_backoff.async_wait([self = shared_from_this()](beast::error_code wec) {
+        if (wec || !self->acceptor.is_open()) return;
         self->accept();
     });
 }
@@ -522,6 +557,9 @@ std::string server::impl::metrics() const {
     out += "# HELP idem_http_refused_connections_total Connections refused past the limit or while stopping.\n"
            "# TYPE idem_http_refused_connections_total counter\n";
     out += "idem_http_refused_connections_total " + std::to_string(refused.load()) + "\n";
+    out += "# HELP idem_http_accept_failures_total Accepts that failed for want of descriptors (each backed off).\n"
+           "# TYPE idem_http_accept_failures_total counter\n";
+    out += "idem_http_accept_failures_total " + std::to_string(accept_failures.load()) + "\n";
     out += "# HELP idem_http_timeouts_total Connections cut off by a read or idle timeout.\n"
            "# TYPE idem_http_timeouts_total counter\n";
     out += "idem_http_timeouts_total " + std::to_string(timeouts.load()) + "\n";
@@ -578,6 +616,7 @@ server::~server() {
     asio::dispatch(impl_->strand, [self = impl_] {
         beast::error_code ignored;
         self->acceptor.close(ignored);
+        self->accept_backoff.cancel();
         self->stop_sessions();
     });
 }
@@ -591,6 +630,7 @@ server_stats server::stats() const {
     st.refused_connections = impl_->refused.load();
     st.timeouts = impl_->timeouts.load();
     st.in_flight = impl_->in_flight.load();
+    st.accept_failures = impl_->accept_failures.load();
     return st;
 }
 
@@ -598,6 +638,7 @@ void server::stop(asio::any_completion_handler<void(std::error_code)> handler, a
     asio::post(impl_->strand, [self = impl_, h = std::move(handler), ex = std::move(ex)]() mutable {
         beast::error_code ignored;
         self->acceptor.close(ignored);
+        self->accept_backoff.cancel();
         {
             std::unique_lock lock{self->m};
             self->stopping = true;

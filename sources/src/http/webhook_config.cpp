@@ -75,6 +75,19 @@ webhook_secret read_webhook_secret(const std::string& path) {
         if (m.type.empty()) {
             throw_error(errc::invalid_argument, "webhook secret file '" + path + "': a mapping needs 'type ='");
         }
+        // A GitHub signature covers the body only and has no timestamp: a captured request can be
+        // replayed after the inbox has forgotten it, with any headers. The event's id and row key
+        // must then come from the body; the type has no other place than X-GitHub-Event.
+        if (out.scheme == signature_scheme::github) {
+            for (const auto& [key, value] : {std::pair{"id", &m.id}, std::pair{"subject", &m.subject}}) {
+                if (value->starts_with("header:")) {
+                    throw_error(errc::invalid_argument,
+                                "webhook secret file '" + path + "': '" + key + " = " + *value +
+                                    "': a github signature does not cover headers, so the event's " + key +
+                                    " must come from the body (a JSON pointer such as /id)");
+                }
+            }
+        }
         out.mapping = std::move(m);
     }
     return out;

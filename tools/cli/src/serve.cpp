@@ -13,6 +13,8 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
 
+#include <sys/resource.h>
+
 #include <csignal>
 #include <cstdio>
 #include <thread>
@@ -43,6 +45,27 @@ boost::asio::ip::tcp::endpoint listen_option(const arguments& a) {
     return {address, static_cast<unsigned short>(n)};
 }
 
+// Descriptors the process keeps besides its connections: standard streams, the store's files
+// and lock, the event loop's, the signal pipe, and one a refused connection holds briefly.
+constexpr std::size_t reserved_descriptors = 32;
+
+// Caps max_connections by the descriptor limit (ulimit -n): past it accept() fails (EMFILE) and
+// connections queue unanswered. Says so when it caps.
+std::size_t connections_within_descriptor_limit(const tool_context& t, std::size_t asked) {
+    rlimit lim{};
+    if (getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur == RLIM_INFINITY) return asked;
+    const auto limit = static_cast<std::size_t>(lim.rlim_cur);
+    if (limit <= reserved_descriptors) {
+        throw usage_error("the descriptor limit (ulimit -n) is " + std::to_string(limit) + ": serve needs more than " +
+                          std::to_string(reserved_descriptors) + " (for its own files, then one per connection)");
+    }
+    if (asked <= limit - reserved_descriptors) return asked;
+    const auto capped = limit - reserved_descriptors;
+    std::fprintf(stderr, "%s serve: --max-connections %zu capped to %zu: the descriptor limit (ulimit -n) is %zu, %zu of them kept for the store and the server\n",
+                 t.name.c_str(), asked, capped, limit, reserved_descriptors);
+    return capped;
+}
+
 std::chrono::milliseconds millis_option(const arguments& a, std::string_view name, std::chrono::milliseconds fallback) {
     auto d = duration_option(a, name);
     if (!d) return fallback;
@@ -66,7 +89,11 @@ int serve(const tool_context& t, const arguments& a) {
     if (cert.has_value() != key.has_value()) throw usage_error("options '--tls-cert' and '--tls-key' go together");
     if (cert) so.tls = http::tls_files{*cert, *key};
     so.max_body = static_cast<std::size_t>(a.positive("max-body", so.max_body));
-    so.max_connections = static_cast<std::size_t>(a.positive("max-connections", so.max_connections));
+    so.max_connections =
+        connections_within_descriptor_limit(t, static_cast<std::size_t>(a.positive("max-connections", so.max_connections)));
+    so.notice = [name = t.name](std::string_view line) {
+        std::fprintf(stderr, "%s serve: %.*s\n", name.c_str(), static_cast<int>(line.size()), line.data());
+    };
     so.max_in_flight = static_cast<std::size_t>(a.positive("max-in-flight", 65536));
     so.read_timeout = millis_option(a, "read-timeout", so.read_timeout);
     so.idle_timeout = millis_option(a, "idle-timeout", so.idle_timeout);
@@ -81,6 +108,14 @@ int serve(const tool_context& t, const arguments& a) {
     if (!eo.store.retention.inbox_retention) eo.store.retention.inbox_retention = std::chrono::hours(24 * 4);
     eo.store.retention.source = http::webhook_redelivery_bound();  // a shorter inbox retention is refused
     eo.max_in_flight = std::max(eo.max_in_flight, so.max_in_flight);
+    for (const auto& w : so.webhooks) {
+        // A signed request replayed within its tolerance must still find its message id in the inbox.
+        if (w.scheme != http::signature_scheme::github && *eo.store.retention.inbox_retention <= w.tolerance) {
+            throw usage_error("webhook sender '" + w.name + "': its tolerance (" + std::to_string(w.tolerance.count()) +
+                              " s) must be shorter than --inbox-retention, or a request replayed within it would be "
+                              "a new message once the inbox has forgotten the first");
+        }
+    }
 
     boost::asio::io_context io;
     engine e{io.get_executor(), eo};

@@ -32,9 +32,14 @@ std::string_view to_string(outcome_kind k) noexcept;
 /// The result of applying one delivery.
 struct outcome {
     outcome_kind kind = outcome_kind::applied;
-    reason why = reason::none;  ///< set for dead_lettered
+    /// Set for dead_lettered; for a duplicate_message whose first delivery was dead-lettered, that
+    /// delivery's reason (none if the inbox entry predates recorded reasons).
+    reason why = reason::none;
     std::string detail;         ///< names the event and the cause for dead letters and duplicates
     std::uint64_t commit = 0;   ///< the commit that recorded it (read-your-writes)
+    /// For a duplicate_message: what the message's first delivery did, as the inbox recorded it,
+    /// so that a source can answer a retry as it answered the first delivery.
+    outcome_kind first = outcome_kind::applied;
 };
 
 /// One delivery: the envelope as received, and the transport's message id if it has one.
@@ -56,6 +61,11 @@ struct delivery {
     /// the inbox keys it by both. "" is one transport like any other. Unused when the message id is
     /// the event id.
     std::string transport{};
+    /// message_id comes from what the sender's signature covers (a signed webhook's id, or a hash
+    /// of its signed body): a later delivery under it is the same message whatever else it carries
+    /// (headers outside the signature), so it is a duplicate_message, never judged as a transport
+    /// collision or an id conflict.
+    bool signed_message_id = false;
     /// Read from a binary log: the body's parsed envelope attributes its record carries
     /// (log_record::attributes), taken instead of parsing the body; empty: the body is parsed.
     std::string attributes{};

@@ -486,6 +486,7 @@ public:
         std::uint64_t fingerprint = 0;  ///< of the content first delivered
         std::uint64_t commit = 0;       ///< the commit that recorded its first delivery
         outcome_kind outcome = outcome_kind::applied;  ///< what its first delivery did
+        reason why = reason::none;  ///< dead_lettered: why (none in entries recorded before reasons were kept)
     };
     /// Retention figures of the consumer.
     struct retention_state {

@@ -147,10 +147,18 @@ inline constexpr std::size_t inbox_extra_words = 3;
 /// Bytes before the message id.
 inline constexpr std::size_t inbox_header = 8 * (1 + inbox_extra_words);
 
-/// Packs the commit number and outcome of the first delivery into one word.
-inline std::uint64_t inbox_word(std::uint64_t commit, outcome_kind k) {
-    return commit << 8 | static_cast<std::uint64_t>(k);
+/// Packs the commit number and outcome of the first delivery into one word: [commit:56]
+/// [reason:5][outcome:3], the reason when it was dead-lettered (a reason past 31 is kept as none).
+/// Entries recorded before reasons were kept have none there, which they read as.
+inline std::uint64_t inbox_word(std::uint64_t commit, outcome_kind k, reason why) {
+    static_assert(outcome_kinds <= 8, "an outcome kind takes 3 bits of the inbox word");
+    const auto r = k == outcome_kind::dead_lettered ? static_cast<std::uint64_t>(why) : 0;
+    return commit << 8 | (r < 32 ? r : 0) << 3 | static_cast<std::uint64_t>(k);
 }
+/// The commit, first outcome and reason an inbox word holds (inbox_word).
+inline std::uint64_t inbox_commit(std::uint64_t word) { return word >> 8; }
+inline outcome_kind inbox_outcome(std::uint64_t word) { return static_cast<outcome_kind>(word & 7); }
+inline reason inbox_reason(std::uint64_t word) { return static_cast<reason>((word >> 3) & 31); }
 
 /// One decoded inbox value.
 struct inbox_entry {

@@ -15,7 +15,7 @@
 // Routes: POST /events (structured, binary and batched CloudEvents, or a signed webhook),
 // GET /rows/{projection}/{key}[?min_commit=C], GET /metrics, GET /healthz, GET /readyz.
 // Answers: 200 with the outcomes after the durable commit (a duplicate too), 400 with the
-// dead-letter reason, 401 for a missing or wrong signature (nothing applied or stored), 413
+// dead-letter reason (a retry of a dead-lettered message too: the first delivery's answer), 401 for a missing or wrong signature (nothing applied or stored), 413
 // too large, 415 unknown content type, 429 with Retry-After at the server's in-flight limit,
 // 503 with Retry-After while stopping or when the engine fails a commit. Needs the meson feature `http` (Boost.Beast, OpenSSL).
 
@@ -33,9 +33,11 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <system_error>
 #include <vector>
 
@@ -91,6 +93,12 @@ struct server_options {
     std::chrono::milliseconds idle_timeout{30000};  ///< a kept-alive connection waits this long for the next request
     std::chrono::milliseconds min_commit_wait{1000};  ///< GET /rows?min_commit waits this long at most
     std::chrono::seconds retry_after{1};     ///< the Retry-After of a 429 or a 503
+    /// Out of descriptors (EMFILE, ENFILE) the accept loop waits this long before it tries again,
+    /// rather than spinning on the error; connections wait in the listen queue meanwhile.
+    std::chrono::milliseconds accept_backoff{100};
+    /// Called with a line for the operator's log: the accept loop ran out of descriptors (once
+    /// per run of failures) and accepts again. Called on the accept loop's strand; unset: silent.
+    std::function<void(std::string_view)> notice{};
 };
 
 /// Counters of a running server, by request.
@@ -100,6 +108,7 @@ struct server_stats {
     std::uint64_t refused_connections = 0;   ///< past max_connections
     std::uint64_t timeouts = 0;              ///< connections cut off by read_timeout or idle_timeout
     std::uint64_t in_flight = 0;             ///< events submitted and not answered
+    std::uint64_t accept_failures = 0;       ///< accepts that failed for want of descriptors (each one backed off)
 };
 
 /// An HTTP server over an engine, on the caller's executor.
