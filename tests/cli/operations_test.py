@@ -346,6 +346,28 @@ class damaged_store_test(operations_case):
             self.assertEqual([n for n in os.listdir(db) if n.startswith(".create-")], [])
 
 
+class fault_outside_the_store_test(operations_case):
+    def test_a_sigsegv_outside_the_store_map_is_not_blamed_on_the_store(self):
+        # Only a fault inside the store's map says the store is damaged; any other SIGSEGV (here
+        # one sent by kill, without a faulting address) ends the process by the signal, and the
+        # store is left sound.
+        expected = self.gen(self.path("fills.jsonl"))
+        db = self.path("db")
+        follower = start("consume", "--db", db, "--log", self.path("fills.jsonl"), "--follow")
+        try:
+            self.wait_until_consumed(db, self.path("fills.jsonl"), follower)
+            os.kill(follower.pid, signal.SIGSEGV)
+            _, err = follower.communicate(timeout=60)
+        finally:
+            if follower.poll() is None:
+                follower.kill()
+                follower.communicate()
+        self.assertEqual(follower.returncode, -signal.SIGSEGV, err)
+        self.assertNotIn("damaged", err)
+        self.assert_rows_match(db, expected)
+        self.assertEqual(run("verify", "--store", "--db", db).returncode, 0)
+
+
 class full_disk_test(operations_case):
     def test_freed_space_lets_the_same_store_go_on(self):
         expected = self.gen(self.path("fills.jsonl"), events=20000, aggregates=500)

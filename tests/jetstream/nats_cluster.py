@@ -5,6 +5,9 @@
         c.urls                      # "nats://127.0.0.1:A,nats://127.0.0.1:B,nats://127.0.0.1:C"
         c.kill(1); c.restart(1)     # node 1: SIGKILL, then started again on its ports and store
 
+The constructor returns once the cluster can take a stream (wait_ready); with wait=False, as soon
+as the nodes are started, as a user's script that starts a cluster and publishes at once.
+
 Each node has its own config file (generated here: server name, client, cluster and monitoring
 ports picked free on loopback, routes to the other two, its own store directory) and its own
 log. The subject mappings are the server-level `mappings` block, the same on every node.
@@ -37,7 +40,7 @@ def _free_ports(n):
 
 
 class nats_cluster:
-    def __init__(self, size=3, mappings=None, start_timeout=60.0):
+    def __init__(self, size=3, mappings=None, start_timeout=60.0, wait=True):
         self.dir = tempfile.mkdtemp(prefix="idem-nats-cluster-")
         self.size = size
         self.start_timeout = start_timeout
@@ -55,7 +58,8 @@ class nats_cluster:
         try:
             for i in range(size):
                 self._start(i)
-            self.wait_ready()
+            if wait:  # without: the nodes are started and may still be forming the cluster
+                self.wait_ready()
         except BaseException:
             self.close()
             raise
@@ -94,21 +98,14 @@ mappings {{
             return json.load(r)
 
     def wait_ready(self):
-        """Waits until every running node is healthy and the cluster has a meta leader."""
+        """Waits until the cluster can take a stream: every running node is healthy and names the
+        same meta leader, and the leader sees every other running node as a current peer (a
+        stream with replicas asked for before that times out or finds no peers to place on)."""
         deadline = time.monotonic() + self.start_timeout
         last = ""
         while time.monotonic() < deadline:
             try:
-                ok = True
-                for i in range(self.size):
-                    if self.procs[i] is None or self.procs[i].poll() is not None:
-                        continue
-                    if self._get(i, "/healthz").get("status") != "ok":
-                        ok = False
-                    jsz = self._get(i, "/jsz")
-                    if not (jsz.get("meta_cluster") or {}).get("leader"):
-                        ok = False
-                if ok:
+                if self._ready():
                     return
             except urllib.error.HTTPError as e:
                 last = e.read().decode(errors="replace")
@@ -116,6 +113,23 @@ mappings {{
                 last = str(e)
             time.sleep(0.1)
         raise RuntimeError(f"nats cluster not ready within {self.start_timeout}s: {last}\n{self.log_tail(0)}")
+
+    def _ready(self):
+        running = [i for i in range(self.size) if self.procs[i] is not None and self.procs[i].poll() is None]
+        leaders, peers = set(), None
+        for i in running:
+            if self._get(i, "/healthz").get("status") != "ok":
+                return False
+            meta = self._get(i, "/jsz").get("meta_cluster") or {}
+            if not meta.get("leader"):
+                return False
+            leaders.add(meta["leader"])
+            if meta["leader"] == self._get(i, "/varz").get("server_name"):
+                peers = meta.get("replicas") or []
+        if len(leaders) != 1 or peers is None:
+            return False
+        current = [p for p in peers if p.get("current")]
+        return len(current) >= len(running) - 1
 
     @property
     def urls(self):

@@ -243,10 +243,12 @@ class refusal_test(publish_case):
             f.write("{}\n")
         url = f"nats://127.0.0.1:{free_port()}"
         start = time.monotonic()
+        # Waited for as a server that is starting would be, within the limit.
         p = run("publish", "--nats", url, "--stream", "S", "--subject", "s", "--log", self.path("a.jsonl"),
-                check=False, timeout=60)
+                "--broker-outage-limit", "2s", check=False, timeout=60)
         self.assertEqual(p.returncode, 2)
         self.assertIn(f"cannot connect to NATS at '{url}'", p.stderr)
+        self.assertIn("longer than the outage limit of 2s", p.stderr)
         self.assertLess(time.monotonic() - start, 30)
 
     def test_a_missing_log_is_an_error_naming_it(self):

@@ -625,6 +625,24 @@ class replicated_test(scaleout_case):
             self.assertEqual(self.rows_of(self.path(name)), ref, f"replica {name}")
 
 
+class forming_cluster_test(unittest.TestCase):
+    def test_publish_right_after_the_nodes_start_waits_for_the_cluster_to_form(self):
+        # Before the cluster has a meta leader and current peers, a stream with 3 replicas is
+        # refused or times out; publish retries within its outage limit instead of exit 2.
+        cluster = nats_cluster.nats_cluster(mappings=MAPPING, wait=False)
+        self.addCleanup(cluster.close)
+        log = os.path.join(cluster.dir, "o.jsonl")
+        run("gen", "--out", log, "--domain", "orders", "--events", 300, "--aggregates", 10, "--seed", 3)
+        lines = sum(1 for l in open(log, "rb") if l.strip())
+        p = run("publish", "--nats", cluster.urls, "--stream", "ORD", "--subject", "orders.>", "--log", log,
+                "--replicas", 3, check=False, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(json.loads(p.stdout)["published"], lines, p.stdout)
+        cluster.wait_ready()
+        self.assertEqual(cluster.stream_info("ORD")["state"]["messages"] +
+                         json.loads(p.stdout)["duplicates"], lines)
+
+
 class refusal_test(scaleout_case):
     def test_a_stream_that_is_not_prefix_wildcard_is_refused_naming_it(self):
         report = self.gen("o.jsonl", 50, 5)

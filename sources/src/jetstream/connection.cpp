@@ -49,6 +49,29 @@ std::vector<std::string> split_servers(std::string_view list) {
     return out;
 }
 
+bool transient(natsStatus s, jsErrCode js) noexcept {
+    switch (static_cast<int>(js)) {
+        case 10005:  // no suitable peers for placement (peers not yet joined)
+        case 10008:  // JetStream system temporarily unavailable
+        case 10009:  // JetStream cluster can not handle request (no leader)
+            return true;
+        default:
+            break;
+    }
+    switch (s) {
+        case NATS_TIMEOUT:
+        case NATS_NO_RESPONDERS:
+        case NATS_NO_SERVER:
+        case NATS_IO_ERROR:
+        case NATS_CONNECTION_DISCONNECTED:
+        case NATS_STALE_CONNECTION:
+        case NATS_NOT_YET_CONNECTED:
+            return true;
+        default:
+            return false;
+    }
+}
+
 void throw_nats(natsStatus s, const std::string& what, jsErrCode js) {
     std::string text = what + ": " + natsStatus_GetText(s);
     const char* last = nats_GetLastError(nullptr);
@@ -56,6 +79,7 @@ void throw_nats(natsStatus s, const std::string& what, jsErrCode js) {
         text += " (" + std::string(last) + ")";
     }
     if (static_cast<int>(js) != 0) text += " [JetStream error " + std::to_string(static_cast<int>(js)) + "]";
+    if (transient(s, js)) throw broker_unreachable(make_error_code(errc::broker_failed), text);
     throw_error(errc::broker_failed, text);
 }
 

@@ -15,6 +15,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <vector>
 
 namespace idem::jetstream::detail {
@@ -22,8 +23,20 @@ namespace idem::jetstream::detail {
 /// Splits "URL[,URL...]" into its URLs; throws errc::invalid_argument for an empty list or entry.
 std::vector<std::string> split_servers(std::string_view list);
 
+/// A broker failure that passes once the broker is reachable again or its cluster has formed
+/// (transient()): what a run rides out for a while (broker_watch) instead of stopping at once.
+class broker_unreachable : public std::system_error {
+public:
+    using std::system_error::system_error;
+};
+
+/// Whether a failure passes with time: a timeout, no responders, no connection or a lost one,
+/// JetStream temporarily unavailable or without a leader or the peers to place on (a cluster
+/// that is forming or has lost its quorum).
+bool transient(natsStatus s, jsErrCode js = static_cast<jsErrCode>(0)) noexcept;
+
 /// Throws std::system_error(errc::broker_failed) naming what and the cnats status, its last
-/// error text and, if non-zero, the JetStream error code.
+/// error text and, if non-zero, the JetStream error code; broker_unreachable if transient().
 [[noreturn]] void throw_nats(natsStatus s, const std::string& what, jsErrCode js = static_cast<jsErrCode>(0));
 
 /// Throws as throw_nats if s is not NATS_OK.

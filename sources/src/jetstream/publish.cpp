@@ -4,6 +4,7 @@
 
 #include <idem/sources/jetstream_publish.hpp>
 
+#include "broker_watch.hpp"
 #include "connection.hpp"
 #include "publish_naming.hpp"
 
@@ -191,6 +192,18 @@ void set_up_stream(const detail::connection& c, const publish_options& o, const 
     }
 }
 
+std::vector<std::string> server_list(const std::vector<std::string>& given);
+
+// Connects, waiting as long as a failing message would be retried for servers that are
+// starting (a script that starts a cluster and publishes at once).
+std::unique_ptr<detail::connection> connect(const publish_options& o) {
+    const auto servers = server_list(o.servers);
+    std::string text;
+    for (const auto& url : servers) text += (text.empty() ? "" : ",") + url;
+    detail::broker_watch watch{o.retry_for, text, {}, {}};
+    return watch.retry([&] { return std::make_unique<detail::connection>(servers, "idem publish", o.ack_timeout); });
+}
+
 std::vector<std::string> server_list(const std::vector<std::string>& given) {
     std::vector<std::string> out;
     for (const auto& g : given) {
@@ -207,10 +220,16 @@ public:
           r_(r),
           subject_(o.subject_template.empty() ? detail::publish_subject(o.subject)
                                               : detail::publish_subject(o.subject, o.subject_template)),
-          conn_(server_list(o.servers), "idem publish", o.ack_timeout) {
-        set_up_stream(conn_, o_, subject_, r_);
-        js_ = std::make_unique<publish_context>(conn_, o_, st_);
-        max_payload_ = natsConnection_GetMaxPayload(conn_.nc());
+          conn_(connect(o)) {
+        // A cluster that is still forming (no meta leader, peers not current) times out or answers
+        // "temporarily unavailable": waited for as long as a failing message would be.
+        detail::broker_watch watch{o.retry_for, conn_->servers(), {}, {}};
+        watch.retry([&] {
+            set_up_stream(*conn_, o_, subject_, r_);
+            return true;
+        });
+        js_ = std::make_unique<publish_context>(*conn_, o_, st_);
+        max_payload_ = natsConnection_GetMaxPayload(conn_->nc());
     }
 
     publisher(const publisher&) = delete;
@@ -357,7 +376,7 @@ private:
 
     [[noreturn]] void give_up(const failure& f, clock::duration failing) {
         std::string text = "publishing " + where(f.from.log, f.from.line) + " to '" + natsMsg_GetSubject(f.msg.get()) +
-                           "' at '" + conn_.servers() + "' failed: " + natsStatus_GetText(f.status);
+                           "' at '" + conn_->servers() + "' failed: " + natsStatus_GetText(f.status);
         if (!f.text.empty() && f.text != natsStatus_GetText(f.status)) text += " (" + f.text + ")";
         if (f.js_error != 0) text += " [JetStream error " + std::to_string(f.js_error) + "]";
         if (f.from.attempts > 0) {
@@ -380,7 +399,7 @@ private:
     publish_result& r_;
     detail::publish_subject subject_;
     ack_state st_;  // declared before the connection and the context: cnats' thread never sees it gone
-    detail::connection conn_;
+    std::unique_ptr<detail::connection> conn_;
     std::unique_ptr<publish_context> js_;
     std::int64_t max_payload_ = 0;
     envelope_parser parser_;

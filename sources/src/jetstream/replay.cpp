@@ -1,6 +1,7 @@
 #include "replay.hpp"
 
 #include "consumer_setup.hpp"
+#include "pull.hpp"
 
 #include <idem/projections/store_hooks.hpp>
 #include <idem/storage/crash_point.hpp>
@@ -16,6 +17,7 @@
 #include <condition_variable>
 #include <deque>
 #include <exception>
+#include <memory>
 #include <mutex>
 #include <thread>
 
@@ -45,12 +47,28 @@ public:
         jsErrCode jerr{};
         check_nats(js_PullSubscribe(&sub_, c.js(), r.filter_subject.c_str(), nullptr, nullptr, &so, &jerr),
                    "creating a replay consumer of '" + r.filter_subject + "' in stream '" + r.stream + "'", jerr);
+        // cnats' subscription owns the consumer (deleted when it is unsubscribed); the messages
+        // are pulled by the consumer's name (pull.hpp says why).
+        try {
+            jsConsumerInfo* ci = nullptr;
+            check_nats(natsSubscription_GetConsumerInfo(&ci, sub_, nullptr, &jerr),
+                       "reading the replay consumer of '" + r.filter_subject + "' in stream '" + r.stream + "'", jerr);
+            const std::string name = ci->Name;
+            jsConsumerInfo_Destroy(ci);
+            fetcher_ = std::make_unique<pull_fetcher>(c, r.stream, name);
+        } catch (...) {
+            conn_.release({sub_});
+            throw;
+        }
     }
-    ~replay_subscription() { conn_.release({sub_}); }
+    ~replay_subscription() {
+        fetcher_.reset();
+        conn_.release({sub_});
+    }
     replay_subscription(const replay_subscription&) = delete;
     replay_subscription& operator=(const replay_subscription&) = delete;
 
-    natsSubscription* get() const noexcept { return sub_; }
+    pull_fetcher& fetcher() const noexcept { return *fetcher_; }
 
     // Messages the consumer has yet to deliver.
     std::uint64_t pending(const replay_request& r) const {
@@ -66,6 +84,7 @@ public:
 private:
     const connection& conn_;
     natsSubscription* sub_ = nullptr;
+    std::unique_ptr<pull_fetcher> fetcher_;
 };
 
 // The last sequence of the partition's subjects now (0: none).
@@ -86,14 +105,7 @@ std::uint64_t last_sequence(const connection& c, const replay_request& r) {
                                 "; nothing was put in place");
 }
 
-// A fetched list of messages, destroyed with it.
-struct fetched {
-    natsMsgList list{nullptr, 0};
-    fetched() = default;
-    fetched(const fetched&) = delete;
-    fetched& operator=(const fetched&) = delete;
-    ~fetched() { natsMsgList_Destroy(&list); }
-};
+using fetched = fetched_messages;
 
 // Fetches up to n messages, waiting while none come; returns none once the consumer has
 // nothing left (the messages up to the target were removed meanwhile: limits, purge).
@@ -102,16 +114,15 @@ void fetch(fetched& out, const connection& c, const replay_subscription& sub, co
     int failures = 0;
     for (;;) {
         if ((r.stop != nullptr && r.stop->load()) || quit.load()) abandon(r, "was stopped");
-        natsMsgList_Destroy(&out.list);
-        jsErrCode jerr{};
-        auto st = natsSubscription_Fetch(&out.list, sub.get(), n, fetch_wait_ms, &jerr);
-        if (out.list.Count > 0) return;
+        auto st = sub.fetcher().fetch(out, n, std::chrono::milliseconds(fetch_wait_ms));
+        if (!out.msgs.empty()) return;
         if (st == NATS_OK || st == NATS_TIMEOUT || st == NATS_NOT_FOUND) {
             if (sub.pending(r) == 0) return;
             continue;
         }
         if (natsConnection_Status(c.nc()) == NATS_CONN_STATUS_CONNECTED && ++failures > fetch_failures_allowed) {
-            throw_nats(st, "fetching the replay of '" + r.filter_subject + "' in stream '" + r.stream + "'", jerr);
+            throw_nats(st, "fetching the replay of '" + r.filter_subject + "' in stream '" + r.stream + "'" +
+                               (st == NATS_ERR ? " (" + sub.fetcher().failure() + ")" : ""));
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
@@ -159,11 +170,10 @@ replay_result read_into(store& s, const connection& c, replay_subscription& sub,
             fetched next;
             fetched* in_hand = &first;
             std::uint64_t last = 0;
-            while (in_hand->list.Count > 0) {
+            while (!in_hand->msgs.empty()) {
                 batch.clear();
-                batch.reserve(static_cast<std::size_t>(in_hand->list.Count));
-                for (int i = 0; i < in_hand->list.Count; ++i) {
-                    natsMsg* msg = in_hand->list.Msgs[i];
+                batch.reserve(in_hand->msgs.size());
+                for (natsMsg* msg : in_hand->msgs) {
                     delivery d;
                     // The live path's identity: the Nats-Msg-Id within this stream, else the envelope's.
                     const char* id = nullptr;
@@ -260,8 +270,8 @@ replay_result replay_partition(const replay_request& r) {
         fetched first;
         const std::atomic<bool> go_on{false};
         fetch(first, c, sub, r, 1, go_on);
-        if (first.list.Count == 0) return {};
-        const auto pending = position_of(first.list.Msgs[0], r).pending + 1;
+        if (first.msgs.empty()) return {};
+        const auto pending = position_of(first.msgs[0], r).pending + 1;
         if (pending < r.threshold) return {};
 
         auto so = r.copy;

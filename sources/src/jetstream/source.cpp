@@ -7,8 +7,10 @@
 
 #include <idem/sources/jetstream.hpp>
 
+#include "broker_watch.hpp"
 #include "connection.hpp"
 #include "consumer_setup.hpp"
+#include "pull.hpp"
 
 #include <idem/storage/duration.hpp>
 #include <idem/storage/envelope.hpp>
@@ -110,6 +112,7 @@ std::string checkpoint_source(const std::string& stream, const std::string& cons
 struct source::impl {
     source_options o;
     std::unique_ptr<detail::connection> conn;
+    std::unique_ptr<detail::broker_watch> watch;  // used by the thread of the constructor, then of run()
     detail::consumer_config cc;
     redelivery_bound bound;
     std::atomic<bool> stop_requested{false};
@@ -171,9 +174,16 @@ source::source(source_options options) : impl_(std::make_unique<impl>()) {
     if (s.o.servers.empty()) throw_error(errc::invalid_argument, "a JetStream source needs at least one server");
     if (s.o.stream.empty()) throw_error(errc::invalid_argument, "a JetStream source needs a stream");
     if (s.o.fetch_batch == 0) throw_error(errc::invalid_argument, "fetch_batch must be positive");
-    s.conn = std::make_unique<detail::connection>(s.o.servers, "idem " + s.o.consumer);
-    (void)detail::read_stream(*s.conn, s.o.stream);  // a missing stream is named before the consumer
-    s.cc = detail::ensure_consumer(*s.conn, s.o);
+    std::string servers;
+    for (const auto& url : s.o.servers) servers += (servers.empty() ? "" : ",") + url;
+    s.watch = std::make_unique<detail::broker_watch>(s.o.broker_outage_limit, servers, s.o.on_broker,
+                                                     [&s] { return s.stopping(); });
+    // A broker that is restarting, or a cluster that is still forming, is waited for.
+    s.conn = s.watch->retry([&] { return std::make_unique<detail::connection>(s.o.servers, "idem " + s.o.consumer); });
+    s.cc = s.watch->retry([&] {
+        (void)detail::read_stream(*s.conn, s.o.stream);  // a missing stream is named before the consumer
+        return detail::ensure_consumer(*s.conn, s.o);
+    });
     s.bound = detail::bound_of(s.cc, s.o);
     s.source_name = s.o.checkpoint_name.empty() ? checkpoint_source(s.o.stream, s.o.consumer) : s.o.checkpoint_name;
 }
@@ -228,10 +238,9 @@ void source::impl::complete(std::uint64_t token, std::error_code ec, const outco
     if (o.on_ack) o.on_ack(ev);
     natsStatus sent = NATS_OK;
     if (!ec) {
-        jsErrCode jerr{};
-        sent = o.ack_sync ? natsMsg_AckSync(h.msg, nullptr, &jerr) : natsMsg_Ack(h.msg, nullptr);
+        sent = detail::ack(*conn, h.msg, o.ack_sync, std::chrono::seconds(5));
     } else {
-        sent = natsMsg_NakWithDelay(h.msg, o.nak_delay.count(), nullptr);
+        sent = detail::nak(*conn, h.msg, o.nak_delay);
     }
     natsMsg_Destroy(h.msg);
     {
@@ -266,7 +275,7 @@ void source::impl::touch_old_messages(clock::time_point now) {
     for (auto& [token, h] : in_flight) {
         auto half = cc.wait_after(static_cast<std::int64_t>(h.delivered)) / 2;
         if (now - h.touched > half) {
-            natsMsg_InProgress(h.msg, nullptr);
+            (void)detail::in_progress(*conn, h.msg);
             h.touched = now;
         }
         due = std::min(due, h.touched + std::chrono::duration_cast<clock::duration>(half));
@@ -407,7 +416,7 @@ source_result source::run(engine& e) {
         }
         std::filesystem::remove(record);
     }
-    auto now = detail::read_stream(*s.conn, s.o.stream);
+    auto now = s.watch->retry([&] { return detail::read_stream(*s.conn, s.o.stream); });
     s.detail = detail::checkpoint_detail(now);
     std::uint64_t position = 0;
     if (auto stored = e.read().checkpoint_value(e.options().store.consumer, s.source_name); stored && stored->size() >= 8) {
@@ -421,9 +430,10 @@ source_result source::run(engine& e) {
     // The server moves the ack floor past messages the consumer never delivers (other subjects
     // than its filter, deleted ones): only a message it would deliver in between counts.
     const std::uint64_t floor = std::max(position, s.o.start_sequence > 0 ? s.o.start_sequence - 1 : 0);
-    if (auto ci = detail::consumer_info(*s.conn, s.o.stream, s.o.consumer);
+    if (auto ci = s.watch->retry([&] { return detail::consumer_info(*s.conn, s.o.stream, s.o.consumer); });
         ci && ci->AckFloor.Stream > floor && !s.o.accept_stream_reset) {
-        const auto missed = detail::next_matching(*s.conn, s.o.stream, s.cc.filter_subject, floor);
+        const auto missed =
+            s.watch->retry([&] { return detail::next_matching(*s.conn, s.o.stream, s.cc.filter_subject, floor); });
         if (missed && *missed <= ci->AckFloor.Stream) {
             throw_error(errc::invalid_argument,
                         "consumer '" + s.o.consumer + "' of stream '" + s.o.stream +
@@ -442,14 +452,8 @@ source_result source::run(engine& e) {
         s.result.last_sequence = position;  // a run that fetches nothing reports the stored checkpoint
     }
 
-    natsSubscription* sub = nullptr;
-    jsSubOptions so;
-    jsSubOptions_Init(&so);
-    so.Stream = s.o.stream.c_str();
-    so.Consumer = s.o.consumer.c_str();
-    jsErrCode jerr{};
-    detail::check_nats(js_PullSubscribe(&sub, s.conn->js(), nullptr, nullptr, nullptr, &so, &jerr),
-                       "binding to consumer '" + s.o.consumer + "' of stream '" + s.o.stream + "'", jerr);
+    // Pulls by the consumer's name: it is never created here (ensure_consumer did, or found it).
+    detail::pull_fetcher fetcher{*s.conn, s.o.stream, s.o.consumer};
     natsSubscription* advisories = nullptr;
     const std::string advisory = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES." + s.o.stream + "." + s.o.consumer;
     auto gate = std::make_shared<impl::advisory_gate>();
@@ -537,7 +541,7 @@ source_result source::run(engine& e) {
             std::scoped_lock gate_lock{gate->m};
             gate->target = nullptr;  // a callback still running on cnats' thread no longer reaches s
         }
-        s.conn->release({advisories, sub});
+        s.conn->release({advisories});
     };
 
     try {
@@ -572,14 +576,25 @@ source_result source::run(engine& e) {
                 next_touch = clock::now() + std::chrono::milliseconds(100);
             }
             auto want = static_cast<int>(std::min(room, s.o.fetch_batch));
-            natsMsgList list{nullptr, 0};
-            auto status = natsSubscription_Fetch(&list, sub, want, s.o.fetch_wait.count(), &jerr);
-            if (list.Count == 0) {
-                natsMsgList_Destroy(&list);
-                if (status != NATS_OK && status != NATS_TIMEOUT && status != NATS_NOT_FOUND &&
-                    natsConnection_Status(s.conn->nc()) == NATS_CONN_STATUS_CONNECTED && ++failures > fetch_failures_allowed) {
+            detail::fetched_messages list;
+            auto status = fetcher.fetch(list, want, s.o.fetch_wait);
+            const bool connected = natsConnection_Status(s.conn->nc()) == NATS_CONN_STATUS_CONNECTED;
+            // Out of reach while disconnected (cnats reconnects meanwhile) or while JetStream has
+            // no responders; back once the server answers. A silent link that stays connected
+            // shows in the health check's requests.
+            if (!connected) {
+                s.watch->unreachable("disconnected from '" + s.conn->servers() + "'");
+            } else if (status == NATS_OK || status == NATS_NOT_FOUND) {
+                s.watch->reachable();
+            } else if (detail::transient(status)) {
+                s.watch->unreachable(std::string("fetching from consumer '") + s.o.consumer + "': " +
+                                     natsStatus_GetText(status));
+            }
+            if (list.msgs.empty()) {
+                if (status != NATS_OK && status != NATS_TIMEOUT && status != NATS_NOT_FOUND && connected &&
+                    !detail::transient(status) && ++failures > fetch_failures_allowed) {
                     detail::throw_nats(status, "fetching from consumer '" + s.o.consumer + "' of stream '" +
-                                                   s.o.stream + "'", jerr);
+                                                   s.o.stream + "'" + (status == NATS_ERR ? " (" + fetcher.failure() + ")" : ""));
                 }
                 if (status != NATS_OK && status != NATS_TIMEOUT && status != NATS_NOT_FOUND) {
                     std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -588,15 +603,22 @@ source_result source::run(engine& e) {
                 if (s.o.until_caught_up && s.caught_up(target)) break;
                 s.check_exhausted(e);
                 if (clock::now() >= next_health) {
-                    s.check_health();
+                    if (natsConnection_Status(s.conn->nc()) == NATS_CONN_STATUS_CONNECTED) {
+                        try {
+                            s.check_health();
+                            s.watch->reachable();
+                        } catch (const detail::broker_unreachable& err) {
+                            s.watch->unreachable(err.what());
+                        }
+                    }
                     next_health = clock::now() + health_interval;
                 }
                 continue;
             }
             failures = 0;
-            for (int i = 0; i < list.Count; ++i) {
-                natsMsg* msg = list.Msgs[i];
-                list.Msgs[i] = nullptr;  // owned here now
+            for (auto*& owned : list.msgs) {
+                natsMsg* msg = owned;
+                owned = nullptr;  // owned here now
                 // Metadata and headers are read on this thread, before anyone else sees the message.
                 meta_ptr meta;
                 impl::held h;
@@ -625,7 +647,7 @@ source_result source::run(engine& e) {
                     s.complete(token, ec, out);
                 });
             }
-            natsMsgList_Destroy(&list);
+            list.msgs.clear();
             if (s.o.until_caught_up) {
                 bool reached = false;
                 {
@@ -646,6 +668,7 @@ source_result source::run(engine& e) {
     std::scoped_lock lock{s.m};
     if (s.fatal) throw std::system_error(s.fatal, s.fatal_text);
     s.result.disconnects = s.conn->events().disconnects.load();
+    s.result.broker_outages = s.watch->outages();
     s.result.elapsed = clock::now() - started;
     return s.result;
 }

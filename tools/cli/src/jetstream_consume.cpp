@@ -69,6 +69,7 @@ std::string result_json(const jetstream::source_result& r, const redelivery_boun
         .field("nakked", r.nakked)
         .field("last_sequence", r.last_sequence)
         .field("disconnects", r.disconnects)
+        .field("broker_outages", r.broker_outages)
         .field("redelivery_bound", bound.what);
     w.key("seconds").fixed(seconds(r.elapsed), 3);
     w.field("messages_per_second", std::uint64_t(double(r.fetched) / s));
@@ -110,6 +111,10 @@ std::vector<option> jetstream_consume_options() {
          "--partitions, once every partition has an owner whose checkpoint reached that partition's last sequence "
          "at the start (or had one that stopped there)"},
         {"ack-log", "FILE", "with --nats: append one JSON line per ack or nak as it is sent (an audit)"},
+        {"broker-outage-limit", "D",
+         "with --nats: how long the broker may be out of reach (disconnected, refusing connections, its requests "
+         "timing out or without responders, its cluster without a leader), at start-up or while running, before "
+         "exit 2; meanwhile it reconnects and retries, and says so on stderr (default 60s)"},
         {"partitions", "N",
          "with --nats: partitioned mode: the stream captures '<prefix>.>' mapped to '<prefix>.<k>.<key>' for k < N; "
          "this instance takes partitions through leases in the KV bucket idem-leases-<consumer>, each into DIR/p<k>"},
@@ -147,6 +152,20 @@ void fill_source_options(const arguments& a, jetstream::source_options& so) {
     so.accept_exhausted = a.flag("accept-exhausted");
     so.until_caught_up = a.flag("until-caught-up");
     so.stop = &stop_requested;
+    if (auto d = duration_option(a, "broker-outage-limit")) {
+        if (d->count() <= 0) throw usage_error("option '--broker-outage-limit': must be longer than 0");
+        so.broker_outage_limit = std::chrono::duration_cast<std::chrono::milliseconds>(*d);
+    }
+    // One line when the broker goes out of reach and one when it is back: an outage is visible.
+    so.on_broker = [servers = a.required("nats")](const jetstream::broker_event& ev) {
+        if (!ev.reachable) {
+            std::fprintf(stderr, "consume: the broker at '%s' is out of reach (%s); reconnecting and retrying for up to %s\n",
+                         servers.c_str(), ev.failure.c_str(), format_duration(ev.limit).c_str());
+        } else {
+            std::fprintf(stderr, "consume: the broker at '%s' is back after %s\n", servers.c_str(),
+                         format_duration(ev.lasted).c_str());
+        }
+    };
 }
 
 namespace {

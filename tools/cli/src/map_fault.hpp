@@ -12,8 +12,10 @@
 namespace idem::cli::detail {
 
 /// Installs SIGSEGV and SIGBUS handlers for its lifetime and restores the previous ones after.
-/// A fault while a store is named (note_store) writes that store's message and exits with 2;
-/// a fault with none named is left to the default action (it is not the store's doing).
+/// A fault at an address inside the map of the store named (note_store: a file under its path,
+/// as /proc/self/maps shows) writes that store's message and exits with 2; any other fault is
+/// left to the default action (it is not the store's doing, and blaming the store would send
+/// the operator to restore a sound one).
 class map_fault_guard {
 public:
     map_fault_guard();

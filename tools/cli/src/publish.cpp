@@ -42,6 +42,9 @@ jetstream::publish_options options_from(const arguments& a) {
     if (o.duplicates_window && o.duplicates_window->count() <= 0) {
         throw usage_error("option '--duplicates-window': must be longer than 0");
     }
+    if (auto d = duration_option(a, "broker-outage-limit")) {
+        o.retry_for = std::chrono::duration_cast<std::chrono::milliseconds>(*d);
+    }
     o.max_pending =
         static_cast<std::size_t>(std::min<std::uint64_t>(a.positive("max-pending", o.max_pending), 1u << 20));
     return o;
@@ -144,7 +147,10 @@ command publish_command() {
           "record is stored"},
          {"replicas", "R", "a new stream's replicas (default 1)"},
          {"duplicates-window", "D", "a new stream's Duplicates window (default the server's, 2m)"},
-         {"max-pending", "N", "publishes awaiting their ack at most (default 1024)"}},
+         {"max-pending", "N", "publishes awaiting their ack at most (default 1024)"},
+         {"broker-outage-limit", "D",
+          "how long the stream's set-up, and each failing message, is retried while the broker or its cluster is "
+          "out of reach or still forming (timeouts, no responders, no leader) before exit 2 (default 60s)"}},
         publish};
 }
 

@@ -61,6 +61,17 @@ struct ack_event {
     std::uint64_t durable_commit = 0;  ///< the engine's durable commit when the ack was sent
 };
 
+/// The broker went out of reach, or came back (for logs: source_options::on_broker).
+struct broker_event {
+    bool reachable = false;             ///< false: an outage began; true: it ended
+    std::string failure;                ///< when it began: the failure that showed it
+    std::chrono::nanoseconds lasted{0}; ///< when it ended: how long it lasted
+    std::chrono::nanoseconds limit{0};  ///< how long an outage may last before the source gives up
+};
+
+/// How long a source (or a publisher) waits for a broker out of reach by default.
+inline constexpr std::chrono::milliseconds default_broker_outage_limit{std::chrono::seconds(60)};
+
 /// Options of a JetStream source.
 struct source_options {
     std::vector<std::string> servers;  ///< nats://host:port, one or more of a cluster
@@ -93,6 +104,14 @@ struct source_options {
     const std::atomic<bool>* stop = nullptr;  ///< checked between fetches: stops after the batch in hand, acked
     /// Called for every ack and nak just before it is sent, on the engine's executor.
     std::function<void(const ack_event&)> on_ack{};
+    /// How long the broker may be out of reach (disconnected, refusing connections, its
+    /// JetStream API timing out or without responders, its cluster without a leader) before
+    /// the constructor or run() gives up with errc::broker_failed. Meanwhile the source
+    /// reconnects and retries with back-off.
+    std::chrono::milliseconds broker_outage_limit = default_broker_outage_limit;
+    /// Called when the broker goes out of reach and when it is back, on the thread of the
+    /// constructor or of run().
+    std::function<void(const broker_event&)> on_broker{};
 };
 
 /// What a run did.
@@ -104,6 +123,7 @@ struct source_result {
     std::array<std::uint64_t, outcome_kinds> outcomes{};  ///< acked messages by outcome
     std::uint64_t last_sequence = 0;  ///< the checkpoint when the run ended (the stored one if nothing came)
     std::uint64_t disconnects = 0;    ///< times the connection to the broker was lost (and regained)
+    std::uint64_t broker_outages = 0; ///< times the broker was out of reach and waited for (broker_event)
     std::chrono::nanoseconds elapsed{0};
 };
 
