@@ -229,6 +229,36 @@ class rebuild_owns_its_files_test(operations_case):
         self.assertEqual(sorted(os.listdir(db)), ["data.mdb", "idem.lock", "lock.mdb"])
         self.assert_rows_match(db, expected)
 
+    def test_a_rebuild_through_a_symbolic_link_replaces_the_store_it_points_to(self):
+        first = self.gen(self.path("first.jsonl"), events=500, seed=3)
+        second = self.gen(self.path("second.jsonl"), events=700, seed=4)
+        os.makedirs(self.path("volume"))
+        store = self.path("volume", "store")
+        run("rebuild", "--db", store, "--log", self.path("first.jsonl"))
+        link = self.path("db")
+        os.symlink(store, link)
+        run("rebuild", "--db", link, "--log", self.path("second.jsonl"))
+        self.assertTrue(os.path.islink(link))
+        self.assertEqual(os.readlink(link), store)
+        self.assert_rows_match(store, second)
+        self.assert_rows_match(link, second)
+        self.assertEqual(sorted(os.listdir(self.path("volume"))), ["store"])
+        self.assertEqual(sorted(os.listdir(self.dir)), ["db", "first.jsonl", "second.jsonl", "volume"])
+        # A relative link, and the store's directory given through a trailing slash.
+        os.remove(link)
+        os.symlink(os.path.join("volume", "store"), link)
+        run("rebuild", "--db", link + "/", "--log", self.path("first.jsonl"))
+        self.assertTrue(os.path.islink(link))
+        self.assert_rows_match(store, first)
+        # A link to nothing is refused, and nothing is made.
+        os.remove(link)
+        os.symlink(self.path("volume", "gone"), link)
+        p = run("rebuild", "--db", link, "--log", self.path("first.jsonl"), check=False)
+        self.assert_clean_exit(p, 2)
+        self.assertIn(f"{link}: is a symbolic link to {self.path('volume', 'gone')}, which does not exist", p.stderr)
+        self.assertTrue(os.path.islink(link))
+        self.assertEqual(sorted(os.listdir(self.path("volume"))), ["store"])
+
     def test_a_rebuild_that_fails_leaves_nothing_beside_the_target(self):
         p = run("rebuild", "--db", self.path("db"), "--log", self.path("missing.jsonl"), check=False)
         self.assert_clean_exit(p, 2)
