@@ -728,6 +728,39 @@ class store_check_test(cli_case):
             p = run(*args, "--db", bad, check=False)
             self.assertGreaterEqual(p.returncode, 0, f"{args} died by signal {-p.returncode}")
 
+    def test_a_bit_flipped_in_a_row_value_is_named_by_verify_store(self):
+        # A row's state that still decodes after the damage (lines 27 -> 2^58 + 27): only the
+        # row's checksum can tell, and verify --store names the projection and the row.
+        self.gen("o.jsonl", domain="orders", events=2000, aggregates=50)
+        db = self.path("db")
+        run("rebuild", "--db", db, "--log", self.path("o.jsonl"))  # rows straight into the row table
+        rows = jsonl(run("dump", "--db", db, "--projection", "order-totals").stdout)
+        key = rows[len(rows) // 2]["key"]
+        report = json.loads(run("verify", "--store", "--db", db).stdout)
+        self.assertEqual(report["records"]["rows_without_checksum"], 0)
+        data = bytearray(read_bytes(os.path.join(db, "data.mdb")))
+        at = data.find(key.encode() + b"\0\0\x02")  # the leaf node: the row key, then its record (layout 2)
+        self.assertGreater(at, 0)
+        record = at + len(key) + 2
+        # [layout][crc32c][state version][applied][highest seq], then the state: cereal's portable
+        # archive starts with its byte-order byte, then total, lines, currency.
+        lines = record + 1 + 4 + 4 + 8 + 8 + 1 + 8
+        data[lines + 7] ^= 0x04
+        bad = self.damaged_copy(db, "bad-row", lambda _: data)
+        p = run("verify", "--store", "--db", bad, check=False)
+        self.assertEqual(p.returncode, 2, p.stderr)
+        report = json.loads(p.stdout)
+        self.assertEqual(report["store"], "damaged")
+        self.assertEqual(report["problem_count"], 1)
+        self.assertEqual(report["problems"][0]["table"], "proj/order-totals")
+        self.assertIn(f"projection 'order-totals', row '{key}': row record of", report["problems"][0]["what"])
+        self.assertIn("does not match its checksum", report["problems"][0]["what"])
+        self.assertEqual(report["records"]["rows"], len(rows))  # the walk went on past it
+        self.assertIn(f"idem verify: {bad} is damaged", p.stderr)
+        # Readers refuse the row instead of returning the changed count.
+        p = self.assert_reported(bad, ["get", "--projection", "order-totals", "--key", key])
+        self.assertIn(f"projection 'order-totals', row '{key}'", p.stderr)
+
     def test_a_truncated_store_is_reported_not_crashed_on(self):
         self.gen("a.jsonl", events=4000, aggregates=300)
         db = self.path("db")
