@@ -1,6 +1,6 @@
 // `chaos` runs the tool's projections over a log's events through the chaos test kit
 // (<idem/testing.hpp>): exit 0 when every schedule matched the reference, 1 with the shrunk
-// schedule and the first differing row when one did not.
+// schedule and the first differing row when one did not, 2 when stopped (Ctrl-C, SIGTERM).
 
 #include "commands.hpp"
 #include "interrupt.hpp"
@@ -76,7 +76,10 @@ command chaos_command(context_fn t) {
         "run the projections over a log's events through seeded schedules of duplicates, re-sends, reordering, "
         "crashes and inbox pruning; exit 1 with a shrunk failing schedule and the first row that differs from "
         "applying each event once",
-        {{"log", "FILE", "the events (JSON Lines or binary); each distinct event id counts once", true, false},
+        {{"log", "FILE",
+          "the events (JSON Lines or binary); each distinct event id counts once; lines that do not parse are "
+          "dead letters, counted and left out",
+          true, false},
          {"schedules", "N", "number of schedules (default 100)"},
          {"seed", "S", "seed of the first schedule (default 1; schedule i uses S + i)"},
          {"fork", "", "also kill forked children with SIGKILL at the store's crash points"},
