@@ -3,15 +3,20 @@
 //
 //   orders [DIR]     applies a stream of order events with redeliveries and
 //                    republished duplicates, then prints the totals it read back.
+//                    DIR (default orders-data) must be new, empty, or the store an
+//                    earlier run of this program left there; anything else is refused.
 
 #include <idem/examples/orders.hpp>
 #include <idem/idem.hpp>
+#include <idem/storage/store_dir.hpp>
 
 #include <cstdio>
+#include <exception>
 #include <filesystem>
 #include <map>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 // The event payload (line_added: {order_id, amount: {minor, currency}}, decoded from the
@@ -37,11 +42,58 @@ idem::envelope order_line(int version, const std::string& id, const std::string&
     return e;
 }
 
+constexpr const char* usage = "usage: orders [DIR]   (DIR: a new or empty directory, default orders-data)\n";
+
+// Whether dir holds the store an earlier run of this program made: a store's files and
+// nothing else (idem::foreign_files), with this program's consumer and projection in it.
+bool holds_our_store(const std::filesystem::path& dir) {
+    if (!idem::foreign_files(dir).empty()) return false;
+    try {
+        auto snap = idem::snapshot::open(dir);
+        std::size_t rows = 0;
+        snap.scan_raw("order-totals", [&](const idem::snapshot::raw_row_view&) { ++rows; });
+        return rows > 0 && snap.consumer("order-projector").stats().batches > 0;
+    } catch (const std::exception&) {
+        return false;  // not a store, or not this program's
+    }
+}
+
+// Makes dir ready for a fresh store. An example is copied into real programs, so it deletes
+// nothing it did not make: a directory holding anything else is refused, untouched.
+bool prepare(const std::filesystem::path& dir) {
+    if (!std::filesystem::exists(dir) || (std::filesystem::is_directory(dir) && std::filesystem::is_empty(dir))) {
+        return true;
+    }
+    if (std::filesystem::is_directory(dir) && holds_our_store(dir)) {
+        idem::remove_store_dir(dir);  // removes only a store's files, and refuses anything more
+        return true;
+    }
+    std::fprintf(stderr, "orders: %s exists and is not a store this program made; not touching it "
+                         "(give a new or empty directory)\n", dir.c_str());
+    return false;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-    std::filesystem::path dir = argc > 1 ? argv[1] : "orders-data";
-    std::filesystem::remove_all(dir);
+    std::filesystem::path dir = "orders-data";
+    if (argc > 2) {
+        std::fputs(usage, stderr);
+        return 2;
+    }
+    if (argc == 2) {
+        const std::string_view arg = argv[1];
+        if (arg == "-h" || arg == "--help") {
+            std::fputs(usage, stdout);
+            return 0;
+        }
+        if (arg.starts_with("-")) {
+            std::fprintf(stderr, "orders: unknown option '%s'\n%s", argv[1], usage);
+            return 2;
+        }
+        dir = arg;
+    }
+    if (!prepare(dir)) return 2;
 
     // The projection: what an event does to its row, and which row that is.
     idem::store store{{.path = dir, .consumer = "order-projector"}};

@@ -86,6 +86,24 @@ snapshot::impl::journals_entry& snapshot::impl::journals(std::string_view projec
     return it->second;
 }
 
+namespace {
+
+// Decodes a row's record, naming the projection and the row if it is damaged.
+snapshot::raw_row_view decode(std::string_view projection, std::string_view key, std::string_view record) {
+    codec::row_record r;
+    try {
+        r = codec::decode_row(record);
+    } catch (const std::system_error& e) {
+        std::string_view what = e.what();  // "<detail>: <the code's message>": the code is said once, below
+        if (const auto suffix = ": " + e.code().message(); what.ends_with(suffix)) what.remove_suffix(suffix.size());
+        throw_error(errc::corrupt_record, "projection '" + std::string(projection) + "', row '" + layout::truncate(key) +
+                                              "': " + std::string(what));
+    }
+    return {key, r.header.applied, r.header.highest_sequence, r.header.state_version, r.state, r.checked};
+}
+
+}  // namespace
+
 std::optional<snapshot::raw_row_view> snapshot::raw_row(std::string_view projection, std::string_view key) const {
     const auto t = impl_->row_table(projection);
     const auto row_key = codec::row_key(key);
@@ -96,8 +114,7 @@ std::optional<snapshot::raw_row_view> snapshot::raw_row(std::string_view project
     }
     if (!v) v = impl_->txn.get(t, row_key);
     if (!v) return std::nullopt;
-    auto r = codec::decode_row(*v);
-    return raw_row_view{key, r.header.applied, r.header.highest_sequence, r.header.state_version, r.state};
+    return decode(projection, key, *v);
 }
 
 struct snapshot::row_reader::state {
@@ -145,8 +162,7 @@ std::optional<snapshot::raw_row_view> snapshot::row_reader::next() {
     auto k = codec::decode_table_key(row_key);
     if (!k || !k->is_row) throw_error(errc::corrupt_record, "unreadable key in projection '" + s.projection + "'");
     s.key.assign(k->aggregate);
-    auto r = codec::decode_row(record);
-    return raw_row_view{s.key, r.header.applied, r.header.highest_sequence, r.header.state_version, r.state};
+    return decode(s.projection, s.key, record);
 }
 
 void snapshot::scan_raw(std::string_view projection, const std::function<void(const raw_row_view&)>& fn) const {

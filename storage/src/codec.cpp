@@ -1,6 +1,9 @@
 #include <idem/storage/codec.hpp>
 
 #include <idem/storage/error.hpp>
+#include <idem/storage/event_log.hpp>  // crc32c
+
+#include <cstdio>
 
 namespace idem::codec {
 
@@ -123,28 +126,53 @@ std::optional<table_key> decode_table_key(std::string_view key) {
 }
 
 namespace {
-constexpr std::size_t header_size = 1 + 4 + 8 + 8;
+constexpr std::size_t header_size_v1 = 1 + 4 + 8 + 8;
+constexpr std::size_t header_size = 1 + 4 + 4 + 8 + 8;
+constexpr std::size_t checksummed = 1 + 4;  // the bytes the checksum covers start here
+
+std::string hex(std::uint32_t v) {
+    char out[16];
+    std::snprintf(out, sizeof out, "%08x", v);
+    return out;
 }
+}  // namespace
 
 void encode_row(std::string& out, const row_header& header, std::string_view state) {
-    out.reserve(out.size() + header_size + state.size());
+    const auto start = out.size();
+    out.reserve(start + header_size + state.size());
     out.push_back(static_cast<char>(record_format));
+    put_u32_le(out, 0);  // the checksum, once the rest is written
     put_u32_le(out, header.state_version);
     put_u64_le(out, header.applied);
     put_u64_le(out, header.highest_sequence);
     out.append(state);
+    const auto crc = crc32c(std::string_view(out).substr(start + checksummed));
+    for (std::size_t i = 0; i < 4; ++i) out[start + 1 + i] = static_cast<char>(crc >> (8 * i));
 }
 
 row_record decode_row(std::string_view record) {
-    if (record.size() < header_size || static_cast<std::uint8_t>(record[0]) != record_format) {
+    const auto format = record.empty() ? 0 : static_cast<std::uint8_t>(record[0]);
+    row_record out;
+    if (format == 1 && record.size() >= header_size_v1) {
+        record.remove_prefix(1);
+    } else if (format == 2 && record.size() >= header_size) {
+        const auto stored = get_u32_le(record.substr(1));
+        const auto computed = crc32c(record.substr(checksummed));
+        if (stored != computed) {
+            throw_error(errc::corrupt_record, "row record of " + std::to_string(record.size()) +
+                                                  " bytes does not match its checksum (stored " + hex(stored) +
+                                                  ", computed " + hex(computed) + "): it was damaged after it was written");
+        }
+        out.checked = true;
+        record.remove_prefix(checksummed);
+    } else {
         throw_error(errc::corrupt_record, "row record of " + std::to_string(record.size()) +
                                               " bytes has an unknown layout");
     }
-    row_record out;
-    out.header.state_version = get_u32_le(record.substr(1));
-    out.header.applied = get_u64_le(record.substr(5));
-    out.header.highest_sequence = get_u64_le(record.substr(13));
-    out.state = record.substr(header_size);
+    out.header.state_version = get_u32_le(record);
+    out.header.applied = get_u64_le(record.substr(4));
+    out.header.highest_sequence = get_u64_le(record.substr(12));
+    out.state = record.substr(20);
     return out;
 }
 

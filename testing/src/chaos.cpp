@@ -11,34 +11,50 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <map>
 #include <set>
 #include <stdexcept>
 
 namespace idem::testing {
 
+/// The envelopes a run works with: the distinct events that parse, and those that do not.
+struct parsed_envelopes {
+    std::vector<detail::event> events;
+    std::size_t malformed = 0;
+    std::string first_malformed;
+};
+
 struct chaos::impl {
     chaos_options options;
     detail::run_context context;
 
-    std::vector<detail::event> parse(std::span<const std::string> envelopes) const {
+    // An envelope that does not parse is a dead letter wherever it is delivered (the reference,
+    // every schedule, a rebuild) and changes no row, so leaving it out changes no comparison.
+    parsed_envelopes parse(std::span<const std::string> envelopes) const {
         envelope_parser parser;
-        std::vector<detail::event> events;
+        parsed_envelopes out;
         std::set<std::string> seen;
         for (std::size_t i = 0; i < envelopes.size(); ++i) {
             detail::event e;
             e.body = envelopes[i];
             parse_error err;
             if (!parser.parse(e.body, e.env, err)) {
-                throw std::invalid_argument("chaos: envelope " + std::to_string(i + 1) +
-                                            " is not a valid CloudEvents envelope (" + std::string(to_string(err.why)) +
-                                            "): " + err.detail);
+                if (out.malformed++ == 0) {
+                    out.first_malformed = "envelope " + std::to_string(i + 1) + " (" + std::string(to_string(err.why)) +
+                                          (err.detail.empty() ? "" : ": " + err.detail) + ")";
+                }
+                continue;
             }
-            if (seen.insert(e.env.event_id()).second) events.push_back(std::move(e));
+            if (seen.insert(e.env.event_id()).second) out.events.push_back(std::move(e));
         }
-        if (events.empty()) throw std::invalid_argument("chaos: no envelopes to run");
+        if (out.events.empty()) {
+            throw std::invalid_argument(out.malformed == 0 ? std::string("chaos: no envelopes to run")
+                                                           : "chaos: no envelope parses (" + std::to_string(out.malformed) +
+                                                                 " do not; the first: " + out.first_malformed + ")");
+        }
         if (context.projections.empty()) throw std::invalid_argument("chaos: no projections added");
-        return events;
+        return out;
     }
 };
 
@@ -49,7 +65,7 @@ class work_dir {
 public:
     explicit work_dir(const std::filesystem::path& parent) {
         static std::atomic<unsigned> counter{0};
-        const auto base = parent.empty() ? std::filesystem::temp_directory_path() : parent;
+        const auto base = parent.empty() ? default_parent() : parent;
         path_ = base / ("idem-chaos-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
         std::filesystem::remove_all(path_);
         std::filesystem::create_directories(path_);
@@ -63,6 +79,15 @@ public:
     const std::filesystem::path& path() const noexcept { return path_; }
 
 private:
+    // $TMPDIR when the user set one; else memory (/dev/shm) where it can be written: a schedule
+    // commits hundreds of small transactions and reopens its store after every crash.
+    static std::filesystem::path default_parent() {
+        if (const char* tmp = std::getenv("TMPDIR"); tmp != nullptr && *tmp != '\0') return tmp;
+        std::error_code ec;
+        if (std::filesystem::is_directory("/dev/shm", ec) && ::access("/dev/shm", W_OK | X_OK) == 0) return "/dev/shm";
+        return std::filesystem::temp_directory_path();
+    }
+
     std::filesystem::path path_;
 };
 
@@ -91,7 +116,7 @@ chaos& chaos::configure(std::function<void(store_options&)> fn) {
 }
 
 std::vector<std::string> chaos::schedule(std::span<const std::string> envelopes, std::uint64_t seed) const {
-    const auto events = impl_->parse(envelopes);
+    const auto events = impl_->parse(envelopes).events;
     const auto& o = impl_->options;
     std::vector<std::string> out;
     for (const auto& s : detail::generate(seed, events, {o.resends, o.forked_crashes})) {
@@ -101,12 +126,14 @@ std::vector<std::string> chaos::schedule(std::span<const std::string> envelopes,
 }
 
 chaos_report chaos::run(std::span<const std::string> envelopes) const {
-    const auto events = impl_->parse(envelopes);
+    auto parsed = impl_->parse(envelopes);
+    const auto& events = parsed.events;
     const auto& o = impl_->options;
     work_dir dir{o.directory};
     auto context = impl_->context;
     context.directory = dir.path();
     context.rebuild = o.rebuild;
+    context.stop = o.stop;
 
     std::map<std::vector<std::size_t>, detail::rows_image> references;
     auto reference = [&](const std::vector<std::size_t>& which) -> const detail::rows_image& {
@@ -116,6 +143,8 @@ chaos_report chaos::run(std::span<const std::string> envelopes) const {
     };
     chaos_report report;
     report.events = events.size();
+    report.malformed = parsed.malformed;
+    report.first_malformed = std::move(parsed.first_malformed);
     bool shrinking = false;
     // A schedule fails if its live store or its rebuild differs from the reference of the
     // events it delivers (a shrunk schedule may deliver fewer of them).
@@ -129,11 +158,15 @@ chaos_report chaos::run(std::span<const std::string> envelopes) const {
     };
 
     for (std::size_t i = 0; i < o.schedules; ++i) {
+        detail::check_stop(context);
         const auto seed = o.seed + i;
         auto steps = detail::generate(seed, events, {o.resends, o.forked_crashes});
         report.schedules = i + 1;
         auto d = fails(steps);
-        if (!d) continue;
+        if (!d) {
+            if (o.progress) o.progress(i + 1, o.schedules);
+            continue;
+        }
         report.seed = seed;
         report.steps_before = steps.size();
         report.deliveries_before = detail::deliveries(steps);

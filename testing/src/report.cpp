@@ -49,6 +49,12 @@ std::string row_text(const std::optional<std::uint64_t>& version, const std::str
     return "version " + std::to_string(*version) + ", state " + state;
 }
 
+std::string malformed_note(const chaos_report& r) {
+    if (r.malformed == 0) return {};
+    return "chaos: " + std::to_string(r.malformed) + " envelope(s) do not parse, the first is " + r.first_malformed +
+           ": dead letters wherever delivered, they change no row and were left out of the schedules\n";
+}
+
 }  // namespace
 
 std::string chaos_report::explain() const {
@@ -56,7 +62,7 @@ std::string chaos_report::explain() const {
         return "chaos: " + std::to_string(schedules) + " schedule(s) over " + std::to_string(events) +
                " event(s) matched the reference (each event once, in order): every row's state and version" +
                (kills > 0 ? " (" + std::to_string(kills) + " forked children killed at crash points)" : std::string()) +
-               "\n";
+               "\n" + malformed_note(*this);
     }
     const auto& d = *difference;
     std::string out = "chaos: the schedule of seed " + std::to_string(seed) + " (schedule " +
@@ -70,6 +76,7 @@ std::string chaos_report::explain() const {
     out += "  expected: " + row_text(d.expected_version, d.expected_state) + "\n";
     out += "  got:      " + row_text(d.actual_version, d.actual_state) + "\n";
     if (!confirmed) out += "The shrunk schedule did not fail when run again: the projection is not deterministic.\n";
+    out += malformed_note(*this);
     out += "Rerun this schedule with seed " + std::to_string(seed) + " and 1 schedule.\n";
     return out;
 }

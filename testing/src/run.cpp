@@ -187,6 +187,12 @@ void install_all(const run_context& c, store& s) {
 
 }  // namespace
 
+void check_stop(const run_context& c) {
+    if (c.stop != nullptr && c.stop->load()) {
+        throw std::system_error(std::make_error_code(std::errc::operation_canceled), "chaos: stopped");
+    }
+}
+
 rows_image run_reference(const run_context& c, const std::vector<event>& events,
                          const std::vector<std::size_t>& which) {
     scratch dir{c.directory};
@@ -206,6 +212,7 @@ schedule_rows run_schedule(const run_context& c, const std::vector<event>& event
         std::ofstream log_out{log};
         live_store live{c, dir.path()};
         for (const auto& s : steps) {
+            check_stop(c);
             switch (s.kind) {
                 case step_kind::deliver: {
                     std::vector<delivery> batch;

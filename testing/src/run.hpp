@@ -8,6 +8,7 @@
 
 #include <idem/projections/store.hpp>
 
+#include <atomic>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -36,7 +37,11 @@ struct run_context {
     std::function<void(store_options&)> configure;
     std::filesystem::path directory;  ///< an existing directory the runs make their stores in
     bool rebuild = true;
+    const std::atomic<bool>* stop = nullptr;  ///< when it becomes true, the runs throw operation_canceled
 };
+
+/// Throws std::system_error(operation_canceled) if c.stop asks the run to stop.
+void check_stop(const run_context& c);
 
 /// Applies each of events[which] once, in that order, to a fresh store and returns its rows.
 rows_image run_reference(const run_context& c, const std::vector<event>& events, const std::vector<std::size_t>& which);

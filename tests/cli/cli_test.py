@@ -137,10 +137,54 @@ class chaos_test(cli_case):
             f.write('{"specversion":"1.0","source":"/x","type":"order.line_added"}\n')
         r = run("chaos", "--log", bad, check=False)
         self.assertEqual(r.returncode, 1)
-        self.assertIn("bad.jsonl: envelope 1 is not a valid CloudEvents envelope (missing_id)", r.stderr)
+        self.assertIn("bad.jsonl: no envelope parses (1 do not; the first: envelope 1 (missing_id", r.stderr)
         r = run("chaos", "--log", self.path("absent.jsonl"), check=False)
         self.assertEqual(r.returncode, 2)
         self.assertIn("absent.jsonl", r.stderr)
+
+    def test_chaos_takes_gens_default_output_with_its_malformed_lines_and_shows_progress(self):
+        # gen's defaults: defective lines among the events, as real logs hold.
+        self.gen("orders.jsonl", domain="orders", events=2500, aggregates=40, seed=3)
+        with open(self.path("orders.jsonl")) as f:
+            unparsable = 0
+            for text in f:
+                try:
+                    e = json.loads(text)
+                    unparsable += not all(isinstance(e.get(k), str) for k in ("id", "source", "type"))
+                except ValueError:
+                    unparsable += 1
+        self.assertGreater(unparsable, 0)
+        r = run("chaos", "--log", self.path("orders.jsonl"), "--schedules", 2)
+        self.assertIn("2 schedule(s) over ", r.stdout)
+        self.assertIn("matched the reference", r.stdout)
+        self.assertIn(f"chaos: {unparsable} envelope(s) do not parse, the first is envelope ", r.stdout)
+        self.assertIn("idem chaos: 2/2 schedules done", r.stderr)
+
+    def test_chaos_stopped_by_sigterm_removes_its_temporary_stores(self):
+        self.gen("orders.jsonl", domain="orders", events=1000, aggregates=40, malformed=0)
+        tmp = self.path("tmp")
+        os.makedirs(tmp)
+        p = subprocess.Popen([IDEM, "chaos", "--log", self.path("orders.jsonl"), "--schedules", "100000"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=dict(os.environ, TMPDIR=tmp))
+        try:
+            deadline = time.time() + 120
+            while time.time() < deadline and p.poll() is None:
+                if any("live" in dirs for _, dirs, _ in os.walk(tmp)):  # a schedule's store
+                    break
+                time.sleep(0.02)
+            self.assertIsNone(p.poll(), "chaos ended before it was stopped")
+            self.assertTrue(os.listdir(tmp), "chaos made no stores under TMPDIR")
+            p.send_signal(signal.SIGTERM)
+            out, err = p.communicate(timeout=120)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+        self.assertEqual(p.returncode, 2, err)
+        self.assertIn("idem chaos: stopped after ", err)
+        self.assertIn("the temporary stores were removed", err)
+        self.assertEqual(os.listdir(tmp), [])
 
 
 class rebuild_test(cli_case):
@@ -727,6 +771,39 @@ class store_check_test(cli_case):
         for args in (["stats"], ["dump", "--projection", "positions"]):
             p = run(*args, "--db", bad, check=False)
             self.assertGreaterEqual(p.returncode, 0, f"{args} died by signal {-p.returncode}")
+
+    def test_a_bit_flipped_in_a_row_value_is_named_by_verify_store(self):
+        # A row's state that still decodes after the damage (lines 27 -> 2^58 + 27): only the
+        # row's checksum can tell, and verify --store names the projection and the row.
+        self.gen("o.jsonl", domain="orders", events=2000, aggregates=50)
+        db = self.path("db")
+        run("rebuild", "--db", db, "--log", self.path("o.jsonl"))  # rows straight into the row table
+        rows = jsonl(run("dump", "--db", db, "--projection", "order-totals").stdout)
+        key = rows[len(rows) // 2]["key"]
+        report = json.loads(run("verify", "--store", "--db", db).stdout)
+        self.assertEqual(report["records"]["rows_without_checksum"], 0)
+        data = bytearray(read_bytes(os.path.join(db, "data.mdb")))
+        at = data.find(key.encode() + b"\0\0\x02")  # the leaf node: the row key, then its record (layout 2)
+        self.assertGreater(at, 0)
+        record = at + len(key) + 2
+        # [layout][crc32c][state version][applied][highest seq], then the state: cereal's portable
+        # archive starts with its byte-order byte, then total, lines, currency.
+        lines = record + 1 + 4 + 4 + 8 + 8 + 1 + 8
+        data[lines + 7] ^= 0x04
+        bad = self.damaged_copy(db, "bad-row", lambda _: data)
+        p = run("verify", "--store", "--db", bad, check=False)
+        self.assertEqual(p.returncode, 2, p.stderr)
+        report = json.loads(p.stdout)
+        self.assertEqual(report["store"], "damaged")
+        self.assertEqual(report["problem_count"], 1)
+        self.assertEqual(report["problems"][0]["table"], "proj/order-totals")
+        self.assertIn(f"projection 'order-totals', row '{key}': row record of", report["problems"][0]["what"])
+        self.assertIn("does not match its checksum", report["problems"][0]["what"])
+        self.assertEqual(report["records"]["rows"], len(rows))  # the walk went on past it
+        self.assertIn(f"idem verify: {bad} is damaged", p.stderr)
+        # Readers refuse the row instead of returning the changed count.
+        p = self.assert_reported(bad, ["get", "--projection", "order-totals", "--key", key])
+        self.assertIn(f"projection 'order-totals', row '{key}'", p.stderr)
 
     def test_a_truncated_store_is_reported_not_crashed_on(self):
         self.gen("a.jsonl", events=4000, aggregates=300)

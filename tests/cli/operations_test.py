@@ -31,6 +31,16 @@ def start(*args):
     return subprocess.Popen([IDEM, *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+def crc32c(data):
+    """CRC32C (Castagnoli), as idem checksums a row record."""
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc ^= byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
+    return crc ^ 0xFFFFFFFF
+
+
 def jsonl(text):
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
@@ -229,6 +239,36 @@ class rebuild_owns_its_files_test(operations_case):
         self.assertEqual(sorted(os.listdir(db)), ["data.mdb", "idem.lock", "lock.mdb"])
         self.assert_rows_match(db, expected)
 
+    def test_a_rebuild_through_a_symbolic_link_replaces_the_store_it_points_to(self):
+        first = self.gen(self.path("first.jsonl"), events=500, seed=3)
+        second = self.gen(self.path("second.jsonl"), events=700, seed=4)
+        os.makedirs(self.path("volume"))
+        store = self.path("volume", "store")
+        run("rebuild", "--db", store, "--log", self.path("first.jsonl"))
+        link = self.path("db")
+        os.symlink(store, link)
+        run("rebuild", "--db", link, "--log", self.path("second.jsonl"))
+        self.assertTrue(os.path.islink(link))
+        self.assertEqual(os.readlink(link), store)
+        self.assert_rows_match(store, second)
+        self.assert_rows_match(link, second)
+        self.assertEqual(sorted(os.listdir(self.path("volume"))), ["store"])
+        self.assertEqual(sorted(os.listdir(self.dir)), ["db", "first.jsonl", "second.jsonl", "volume"])
+        # A relative link, and the store's directory given through a trailing slash.
+        os.remove(link)
+        os.symlink(os.path.join("volume", "store"), link)
+        run("rebuild", "--db", link + "/", "--log", self.path("first.jsonl"))
+        self.assertTrue(os.path.islink(link))
+        self.assert_rows_match(store, first)
+        # A link to nothing is refused, and nothing is made.
+        os.remove(link)
+        os.symlink(self.path("volume", "gone"), link)
+        p = run("rebuild", "--db", link, "--log", self.path("first.jsonl"), check=False)
+        self.assert_clean_exit(p, 2)
+        self.assertIn(f"{link}: is a symbolic link to {self.path('volume', 'gone')}, which does not exist", p.stderr)
+        self.assertTrue(os.path.islink(link))
+        self.assertEqual(sorted(os.listdir(self.path("volume"))), ["store"])
+
     def test_a_rebuild_that_fails_leaves_nothing_beside_the_target(self):
         p = run("rebuild", "--db", self.path("db"), "--log", self.path("missing.jsonl"), check=False)
         self.assert_clean_exit(p, 2)
@@ -320,12 +360,20 @@ class damaged_store_test(operations_case):
         run("consume", "--db", db, "--log", self.path("orders.jsonl"))
         data = os.path.join(db, "data.mdb")
         with open(data, "r+b") as f:
-            b = f.read()
-            at = b.find(b"EUR")  # the currency string, after its u64 length (little-endian)
-            self.assertGreater(at, 8)
-            f.seek(at - 8)
-            f.write(b"\xc8")  # length 3 -> 200, past the record's end (a length of 2^56 + 3 said
+            b = bytearray(f.read())
+            # The currency string, after its u64 length (little-endian), in a row record:
+            # [2][crc32c][state version u32][applied][highest sequence], then the state: cereal's
+            # portable archive's byte-order byte, [total][lines][length]["EUR"].
+            at = b.find(b"EUR")
+            while at >= 0 and (b[at - 50] != 2 or b[at - 45:at - 41] != b"\x02\0\0\0"):
+                at = b.find(b"EUR", at + 1)
+            self.assertGreater(at, 50)
+            b[at - 8] = 0xc8  # length 3 -> 200, past the record's end (a length of 2^56 + 3 said
             # "std::bad_alloc"; a sanitizer build aborts on that allocation, so the test stays small)
+            # The row's checksum made to match: damage the checksum cannot see reaches the decoder.
+            struct.pack_into("<I", b, at - 49, crc32c(bytes(b[at - 45:at + 3])))
+            f.seek(0)
+            f.write(b)
         p = run("dump", "--db", db, "--projection", "order-totals", check=False, timeout=60)
         self.assert_clean_exit(p, 2)
         self.assertIn("projection 'order-totals': a row's stored state", p.stderr)

@@ -307,9 +307,21 @@ class parked_test(case):
         s = json.loads(run("consume", "--db", db, "--log", later).stdout)
         self.assertEqual(s["this_run"]["applied"], 2)
         self.assertEqual(s["this_run"]["duplicate_event"], 1)
-        p = run("release", "--db", db, "--stream", "o9", check=False)
+        p = run("release", "--db", db, "--stream", "o9", "--reason", "lost", check=False)
         self.assertEqual(p.returncode, 1)
         self.assertIn("stream 'o9' has nothing parked", p.stderr)
+
+    def test_release_requires_a_reason(self):
+        db = self.path("db")
+        run("consume", "--db", db, "--log", self.gaps())
+        before = self.totals(db)
+        for extra in [[], ["--reason", ""]]:
+            p = run("release", "--db", db, "--stream", "o1", *extra, check=False)
+            self.assertEqual(p.returncode, 1, p.stderr)
+            self.assertIn("'--reason", p.stderr.splitlines()[0])
+        self.assertEqual(self.totals(db), before)
+        self.assertEqual(run("audit", "--db", db).stdout, "")
+        self.assertEqual([s["stream"] for s in jsonl(run("parked", "--db", db).stdout)], ["o1", "o2"])
 
     def test_rebuild_refuses_to_undo_a_release_unless_told_and_verify_names_it(self):
         db = self.path("db")
@@ -339,7 +351,7 @@ class parked_test(case):
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             time.sleep(0.5)
-            p = run("release", "--db", db, "--stream", "o1", check=False)
+            p = run("release", "--db", db, "--stream", "o1", "--reason", "lost", check=False)
             self.assertEqual(p.returncode, 2)
             self.assertIn("is being written by pid %d" % holder.pid, p.stderr)
         finally:
@@ -370,6 +382,22 @@ class redrive_test(case):
         audit = jsonl(run("audit", "--db", db).stdout)
         self.assertEqual([a["action"] for a in audit], ["redrive", "redrive"])
         self.assertEqual(audit[0]["reason"], "retry")
+
+    def test_redrive_that_matches_nothing_fails_and_changes_nothing(self):
+        bad_side = fill("f9", "acct", "X-9", 1).replace('"side":"buy"', '"side":"hold"')
+        log = self.write("a.jsonl", [bad_side, line("e1", "o1", 5)])
+        db = self.path("db")
+        run("consume", "--db", db, "--log", log)
+        letters = jsonl(run("deadletters", "--db", db).stdout)
+        for args, named in [(["--position", "999"], "--position 999"),
+                            (["--event", "/p/none"], "--event /p/none"),
+                            (["--reason", "late_event"], "--reason late_event")]:
+            p = run("redrive", "--db", db, *args, check=False)
+            self.assertEqual(p.returncode, 1, (args, p.stderr))
+            self.assertIn("no dead letter of %s matches %s: nothing was redriven" % (db, named), p.stderr)
+            self.assertEqual(p.stdout, "")
+        self.assertEqual(jsonl(run("deadletters", "--db", db).stdout), letters)
+        self.assertEqual(run("audit", "--db", db).stdout, "")
 
 
 if __name__ == "__main__":

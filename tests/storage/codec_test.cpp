@@ -71,6 +71,32 @@ TEST_CASE("a row record round-trips and a foreign one is refused") {
         out[0] = 9;
         CHECK_THROWS_AS(codec::decode_row(out), std::system_error);
     }
+    SUBCASE("its checksum matched") { CHECK(r.checked); }
+}
+
+TEST_CASE("a bit flipped anywhere in a row record is found by its checksum") {
+    std::string good;
+    codec::encode_row(good, {.state_version = 2, .applied = 27, .highest_sequence = 0}, std::string("\x1b\0\0\0", 4));
+    for (std::size_t bit = 0; bit < 8 * good.size(); ++bit) {
+        auto bad = good;
+        bad[bit / 8] = static_cast<char>(bad[bit / 8] ^ (1 << (bit % 8)));
+        CHECK_THROWS_AS(codec::decode_row(bad), std::system_error);
+    }
+}
+
+TEST_CASE("a row record written before rows carried a checksum reads, unchecked") {
+    std::string old;
+    old.push_back('\x01');
+    codec::put_u32_le(old, 3);
+    codec::put_u64_le(old, 42);
+    codec::put_u64_le(old, 7);
+    old += "state-bytes";
+    const auto r = codec::decode_row(old);
+    CHECK(r.header.state_version == 3);
+    CHECK(r.header.applied == 42);
+    CHECK(r.header.highest_sequence == 7);
+    CHECK(r.state == "state-bytes");
+    CHECK_FALSE(r.checked);
 }
 
 }  // TEST_SUITE

@@ -6,8 +6,10 @@
 
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <filesystem>
 #include <cstdlib>
 #include <random>
 #include <set>
@@ -329,13 +331,51 @@ TEST_SUITE("chaos kit") {
         CHECK(reordered);
     }
 
-    TEST_CASE("bad input names the envelope and the cause") {
-        idem::testing::chaos kit;
+    TEST_CASE("progress is told after each schedule, and a stop ends the run leaving no store behind") {
+        const auto parent = std::filesystem::temp_directory_path() /
+                            ("idem-chaos-stop-" + std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()));
+        std::filesystem::create_directories(parent);
+        std::atomic<bool> stop{false};
+        std::vector<std::size_t> told;
+        idem::testing::chaos_options o;
+        o.schedules = 50;
+        o.directory = parent;
+        o.stop = &stop;
+        o.progress = [&](std::size_t done, std::size_t total) {
+            told.push_back(done);
+            CHECK(total == 50);
+            if (done == 3) stop = true;
+        };
+        idem::testing::chaos kit{o};
+        kit.add(line_totals());
+        try {
+            kit.run(lines());
+            FAIL("the run did not stop");
+        } catch (const std::system_error& e) {
+            CHECK(e.code() == std::errc::operation_canceled);
+        }
+        CHECK(told == std::vector<std::size_t>{1, 2, 3});
+        CHECK(std::filesystem::is_empty(parent));
+        std::filesystem::remove_all(parent);
+    }
+
+    TEST_CASE("envelopes that do not parse are dead letters, counted and left out; no envelope at all is bad input") {
+        idem::testing::chaos_options o;
+        o.schedules = 5;
+        idem::testing::chaos kit{o};
         kit.add(line_totals());
         auto events = lines();
         events.insert(events.begin() + 1, R"({"specversion":"1.0","source":"/test","type":"line"})");
-        CHECK_THROWS_WITH_AS(kit.run(events), doctest::Contains("envelope 2"), std::invalid_argument);
+        events.insert(events.begin() + 3, R"({"specversion":"1.0","id":)");
+        const auto report = kit.run(events);
+        CHECK_MESSAGE(report.ok(), report.explain());
+        CHECK(report.events == lines().size());
+        CHECK(report.malformed == 2);
+        CHECK(report.first_malformed.starts_with("envelope 2 (missing_id"));
+        CHECK(report.explain().find("2 envelope(s) do not parse") != std::string::npos);
         CHECK_THROWS_WITH_AS(kit.run(std::vector<std::string>{}), doctest::Contains("no envelopes"),
+                             std::invalid_argument);
+        CHECK_THROWS_WITH_AS(kit.run(std::vector<std::string>{"{"}), doctest::Contains("envelope 1 (invalid_json"),
                              std::invalid_argument);
         idem::testing::chaos empty;
         CHECK_THROWS_WITH_AS(empty.run(lines()), doctest::Contains("no projections"), std::invalid_argument);

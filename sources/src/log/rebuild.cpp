@@ -132,9 +132,30 @@ log_run_result build(const rebuild_options& options) {
     return result;
 }
 
-log_run_result rebuild(const rebuild_options& options) {
-    const auto target = normalized_dir(options.store.path);
+namespace {
+
+// The directory a rebuild replaces: dir itself, or the store a symbolic link at dir points to.
+// The swap renames directories, and a rename replaces a link rather than what it points to: a
+// build swapped in at the link would leave the store behind it as it was, and the link gone.
+std::filesystem::path rebuild_target(const std::filesystem::path& dir) {
+    auto target = normalized_dir(dir);
     if (target == target.root_path()) throw_error(errc::invalid_argument, "rebuild: no target directory given");
+    if (!std::filesystem::is_symlink(target)) return target;
+    std::error_code ec;
+    auto resolved = std::filesystem::canonical(target, ec);
+    if (ec) {
+        throw_error(errc::invalid_argument, target.string() + ": is a symbolic link to " +
+                                                std::filesystem::read_symlink(target, ec).string() +
+                                                ", which does not exist; give the store's directory itself");
+    }
+    if (resolved == resolved.root_path()) throw_error(errc::invalid_argument, target.string() + ": links to /");
+    return resolved;
+}
+
+}  // namespace
+
+log_run_result rebuild(const rebuild_options& options) {
+    const auto target = rebuild_target(options.store.path);
     check_rebuild_target(target);
     std::error_code ec;
     const bool created = !std::filesystem::exists(target);

@@ -8,7 +8,9 @@
 // before and after commits followed by a reopen (optionally a forked child killed with
 // SIGKILL at a crash point), inbox pruning in between, and a rebuild from the delivered log.
 // Every row (state and version) must equal the reference's; on a difference the schedule is
-// shrunk to a short one that still fails.
+// shrunk to a short one that still fails. Envelopes that do not parse (as real logs hold) are
+// dead letters wherever they are delivered and change no row: they are counted and left out of
+// the schedules.
 //
 //   TEST_CASE("order totals survive duplicates, reordering, crashes and pruning") {
 //       idem::testing::chaos kit;
@@ -18,11 +20,14 @@
 //       CHECK_MESSAGE(report.ok(), report.explain());
 //   }
 //
-// Stores are real LMDB environments in a temporary directory that the run removes.
+// Stores are real LMDB environments, unsynced (a process crash loses nothing the page cache
+// holds), in a temporary directory that the run removes: $TMPDIR if set, else /dev/shm (memory)
+// where it can be written, else the system temporary directory.
 
 #include <idem/projections/projection.hpp>
 #include <idem/projections/store.hpp>
 
+#include <atomic>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -47,7 +52,12 @@ struct chaos_options {
     bool forked_crashes = false;
     bool rebuild = true;                ///< also rebuild each schedule's delivered log and compare it
     std::size_t max_shrink_runs = 400;  ///< schedules tried while shrinking a failure
-    std::filesystem::path directory{};  ///< where the stores go (default: the system temporary directory)
+    std::filesystem::path directory{};  ///< where the stores go (default: see the file comment)
+    /// Called after each schedule with (schedules done, schedules to run), on the calling thread.
+    std::function<void(std::size_t, std::size_t)> progress{};
+    /// When set and it becomes true, run() stops at its next step and throws std::system_error
+    /// (std::errc::operation_canceled), having removed its stores (a Ctrl-C handler sets it).
+    const std::atomic<bool>* stop = nullptr;
 };
 
 /// The first row where a schedule's store differs from the reference.
@@ -64,6 +74,8 @@ struct chaos_difference {
 /// What a chaos run found: ok(), or the seed, the shrunk schedule and the first differing row.
 struct chaos_report {
     std::size_t events = 0;     ///< distinct events given
+    std::size_t malformed = 0;  ///< envelopes that do not parse: dead letters, left out of the schedules
+    std::string first_malformed{};  ///< the first of them: its number (from 1) and why it does not parse
     std::size_t schedules = 0;  ///< schedules run (up to and including a failing one)
     std::size_t kills =
         0;  ///< forked children killed with SIGKILL at a crash point (forked_crashes; not while shrinking)
@@ -104,8 +116,9 @@ public:
     chaos& configure(std::function<void(store_options&)> fn);
 
     /// Runs the reference and the schedules over envelopes (CloudEvents JSON texts; a repeated
-    /// event id counts once). Throws std::invalid_argument naming an envelope that does not
-    /// parse, and std::system_error on a storage failure.
+    /// event id counts once; one that does not parse is counted in the report and left out).
+    /// Throws std::invalid_argument if no envelope parses, and std::system_error on a storage
+    /// failure or when options.stop asked it to stop.
     chaos_report run(std::span<const std::string> envelopes) const;
     /// Describes the schedule seed makes for envelopes, one readable step each (reproducing a report).
     std::vector<std::string> schedule(std::span<const std::string> envelopes, std::uint64_t seed) const;

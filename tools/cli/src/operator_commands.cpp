@@ -18,7 +18,7 @@ namespace idem::cli::detail {
 
 namespace {
 
-const option note_option{"reason", "TEXT", "why: kept with the action in the store's audit"};
+const option note_option{"reason", "TEXT", "why: kept with the action in the store's audit", true};
 
 void write_numbers(json_writer& w, const std::vector<std::uint64_t>& v) {
     w.begin_array();
@@ -70,7 +70,8 @@ int release(const tool_context& t, const arguments& a) {
     const auto subject = a.required("stream");
     release_options o;
     o.drop = a.flag("drop");
-    o.note = a.get("reason").value_or("");
+    o.note = a.required("reason");
+    if (o.note.empty()) throw usage_error("option '--reason': say why the stream's gaps are given up (kept in the audit)");
     auto s = t.open_writer(a, db);
     release_result r;
     try {
@@ -119,6 +120,16 @@ int redrive(const tool_context& t, const arguments& a) {
     o.note = a.get("note").value_or("");
     auto s = t.open_writer(a, db);
     auto r = s->redrive(o);
+    if (r.items.empty()) {
+        // An operator who names dead letters expects them to be there: a filter that matched
+        // none is a mistake to report (a wrong position or event id), not a run that did nothing.
+        std::string filters;
+        if (o.why) filters += " --reason " + std::string(to_string(*o.why));
+        if (a.get("event")) filters += " --event " + *a.get("event");
+        if (o.position) filters += " --position " + std::to_string(*o.position);
+        if (filters.empty()) filters = " --all";
+        throw usage_error("no dead letter of " + db.string() + " matches" + filters + ": nothing was redriven");
+    }
     std::string out;
     for (const auto& i : r.items) {
         json_writer w{out};

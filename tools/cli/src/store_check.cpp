@@ -21,6 +21,7 @@ namespace {
 struct record_counts {
     bool checked = false;
     std::uint64_t rows = 0;
+    std::uint64_t rows_unchecked = 0;  // written before rows carried a checksum
     std::uint64_t dead_letters = 0;
     std::uint64_t checkpoints = 0;
 };
@@ -53,14 +54,27 @@ record_counts read_records(environment_report& r, const std::filesystem::path& d
     for (const auto& p : projections) {
         const auto table = layout::rows_table(p->name());
         read_part(r, table, [&] {
-            snap->scan_raw(p->name(), [&](const snapshot::raw_row_view& row) {
-                ++n.rows;
+            auto rows = snap->read_rows(p->name());
+            for (;;) {
+                // A damaged row (its checksum does not match) is named, and the walk goes on.
+                std::optional<snapshot::raw_row_view> row;
                 try {
-                    p->load(row.state, row.state_version);
-                } catch (const std::exception& e) {
-                    note(r, table, "row '" + std::string(row.key) + "' does not decode: " + e.what());
+                    row = rows.next();
+                } catch (const std::system_error& e) {
+                    if (e.code() != errc::corrupt_record) throw;
+                    ++n.rows;
+                    note(r, table, e.what());
+                    continue;
                 }
-            });
+                if (!row) break;
+                ++n.rows;
+                if (!row->checked) ++n.rows_unchecked;
+                try {
+                    p->load(row->state, row->state_version);
+                } catch (const std::exception& e) {
+                    note(r, table, "row '" + std::string(row->key) + "' does not decode: " + e.what());
+                }
+            }
         });
         read_part(r, layout::contrib_table(p->name()), [&] {
             snap->projection(p->name()).scan_contributors(std::string_view("\0", 1), [](std::string_view) {});
@@ -115,6 +129,7 @@ int verify_store(const std::string& tool, const std::filesystem::path& db, const
     }
     w.end_array();
     w.key("records").begin_object().field("checked", records.checked).field("rows", records.rows);
+    w.field("rows_without_checksum", records.rows_unchecked);
     w.field("dead_letters", records.dead_letters).field("checkpoints", records.checkpoints).end_object();
     w.field("problem_count", r.problem_count);
     w.key("problems").begin_array();
@@ -132,9 +147,15 @@ int verify_store(const std::string& tool, const std::filesystem::path& db, const
     print(out);
 
     if (r.sound()) {
-        std::fprintf(stderr, "%s verify: %s: the store is sound (%llu pages, %zu tables; %llu rows and %llu dead letters decoded) in %s s\n",
-                     tool.c_str(), db.c_str(), static_cast<unsigned long long>(r.pages), r.tables.size(),
-                     static_cast<unsigned long long>(records.rows), static_cast<unsigned long long>(records.dead_letters), secs);
+        // A row written before rows carried a checksum decodes, but a flipped bit in it may too.
+        const auto rows = records.rows_unchecked == 0
+                              ? std::to_string(records.rows) + " rows, checksums matched,"
+                              : std::to_string(records.rows) + " rows (" + std::to_string(records.rows_unchecked) +
+                                    " of them written before rows carried a checksum: a changed bit there that "
+                                    "still decodes is found only by verify --log; a rebuild adds checksums)";
+        std::fprintf(stderr, "%s verify: %s: the store is sound (%llu pages, %zu tables; %s and %llu dead letters decoded) in %s s\n",
+                     tool.c_str(), db.c_str(), static_cast<unsigned long long>(r.pages), r.tables.size(), rows.c_str(),
+                     static_cast<unsigned long long>(records.dead_letters), secs);
         return 0;
     }
     std::string first;

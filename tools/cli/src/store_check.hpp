@@ -1,9 +1,10 @@
 #pragma once
 
 // `verify --store`: the structural check of an environment's data file (page_check), then,
-// only if the structure is sound, a pass through idem's own readers that decodes every row
-// of the tool's projections, the consumer's dead letters, counters, checkpoints, inbox,
-// parked events and contributing sets, so damage a codec can see is reported too.
+// only if the structure is sound, a pass through idem's own readers that checks every row's
+// checksum and decodes every row of the tool's projections, the consumer's dead letters,
+// counters, checkpoints, inbox, parked events and contributing sets, so damage a codec or a
+// checksum can see is reported too (a damaged row is named by projection and key).
 
 #include <idem/projections/projection.hpp>
 

@@ -425,8 +425,10 @@ public:
         std::uint64_t highest_sequence = 0;
         std::uint32_t state_version = 0;
         std::string_view state;
+        bool checked = false;  ///< its checksum matched (false: written before rows carried one)
     };
-    /// Returns a row without decoding its state.
+    /// Returns a row without decoding its state. A row whose record is damaged (its checksum does
+    /// not match) throws errc::corrupt_record naming the projection and the key, as every read does.
     std::optional<raw_row_view> raw_row(std::string_view projection, std::string_view key) const;
     /// Calls fn(raw_row_view) for every row of a projection, in key order.
     void scan_raw(std::string_view projection, const std::function<void(const raw_row_view&)>& fn) const;

@@ -49,8 +49,11 @@ struct table_key {
 /// Decodes a projection-table key; nullopt if it is not one.
 std::optional<table_key> decode_table_key(std::string_view key);
 
-/// Current layout version of row records.
-inline constexpr std::uint8_t record_format = 1;
+/// Current layout version of row records. 1: [1][state version u32][applied u64][highest
+/// sequence u64][state]; 2: [2][crc32c u32][the same], the CRC32C over every byte after it, so a
+/// bit flipped anywhere in the row's header or state is found when the row is read. Rows of
+/// layout 1 (written before checksums) still read, unchecked.
+inline constexpr std::uint8_t record_format = 2;
 
 /// The fixed part of a row record, before the cereal-encoded state.
 struct row_header {
@@ -66,9 +69,11 @@ void encode_row(std::string& out, const row_header& header, std::string_view sta
 struct row_record {
     row_header header;
     std::string_view state;
+    bool checked = false;  ///< its checksum matched (false: a layout-1 record, which has none)
 };
 
-/// Decodes a row record; throws std::system_error(corrupt_record) if it is not one.
+/// Decodes a row record; throws std::system_error(corrupt_record) if it is not one or its
+/// checksum does not match.
 row_record decode_row(std::string_view record);
 
 }  // namespace idem::codec
