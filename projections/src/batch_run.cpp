@@ -229,14 +229,13 @@ outcome batch_run::deliver(const item& d) {
         const bool transported = !d.event_key.empty();
         const auto& key = transported ? d.event_key : message_id;
         const auto key_hash = transported ? d.event_key_hash : hash;
-        // event_contents first: it holds the event's first delivery under a transport id and its
-        // shape (another type, version or sequence is a republication, an upcast or a corrected
-        // position, judged by the guards). The inbox's entry under the event id may be a later
-        // delivery without a transport id that was itself an id conflict.
+        // event_contents first: the inbox's entry under the event id may be a later delivery
+        // without a transport id that was itself an id conflict. Both keep the first delivery's
+        // shape: another type, version or sequence is a republication (an upcast, a corrected
+        // position), judged by the guards.
         auto seen = s_.event_contents->find(txn_, key, key_hash);
-        const bool by_contents = seen.has_value();
         if (!seen && transported) seen = s_.ids->find(txn_, key, key_hash);
-        if (seen && seen->extra[0] != 0 && seen->extra[0] != d.fingerprint && (!by_contents || seen->extra[2] == d.shape)) {
+        if (seen && seen->extra[0] != 0 && seen->extra[0] != d.fingerprint && seen->extra[2] == d.shape) {
             ++stats.id_conflicts;
             const auto first_commit = seen->position == 0 ? commit_ : seen->extra[1] >> 8;
             conflict = dead(d, reason::id_conflict,
@@ -265,12 +264,13 @@ outcome batch_run::deliver(const item& d) {
     auto result = conflict  ? std::move(*conflict)
                   : malformed ? dead(d, d.err.why, "malformed event: " + d.err.detail, message_id)
                               : process(d, future);
+    // An entry under the event id itself is its own identity: it keeps the event's shape instead.
     const std::array<std::uint64_t, id_log::max_extra> extra{d.fingerprint, layout::inbox_word(commit_, result.kind),
-                                                             d.identity};
+                                                             message_id.starts_with('e') ? d.shape : d.identity};
     if (record) s_.ids->annotate_last(extra);
     if (record_contents) {
         s_.event_contents->stage(d.event_key, stamp, d.event_key_hash);
-        s_.event_contents->annotate_last({d.fingerprint, extra[1], d.shape});
+        s_.event_contents->annotate_last({d.fingerprint, extra[1], d.shape});  // keyed by the event id, as 'e' entries
     }
     if (collision) {
         *collision += ": " + std::string(to_string(result.kind)) +

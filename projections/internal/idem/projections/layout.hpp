@@ -149,8 +149,9 @@ operator_action decode_action(std::uint64_t position, std::string_view v);
 // --- the inbox ----------------------------------------------------------------------------
 
 /// An inbox entry (an id_log value with 3 extra words): [stamp u64][content fingerprint u64]
-/// [commit << 8 | outcome u64][event identity u64][message id]. The writer stages it through
-/// id_log; readers decode it here.
+/// [commit << 8 | outcome u64][event identity u64, or for a message id that is the event id itself
+/// (`e...`) the event's shape: a hash of its type, schema version and sequence][message id]. The
+/// writer stages it through id_log; readers decode it here.
 inline constexpr std::size_t inbox_extra_words = 3;
 /// Bytes before the message id.
 inline constexpr std::size_t inbox_header = 8 * (1 + inbox_extra_words);
