@@ -70,6 +70,7 @@ std::vector<outcome> store::impl::run(const prepared_batch& prepared, std::span<
     crash_point("after_commit");
     forget_pruned(pruned);
     ids->committed();
+    event_contents->committed();
     for (auto& c : contributors) c->committed();
     return outcomes;
 }
@@ -85,6 +86,7 @@ batch_run::batch_run(store::impl& s, write_txn& txn, kind k)
       rows_(kept_.rows),
       streams_(kept_.streams) {
     s_.ids->catch_up(txn_);
+    s_.event_contents->catch_up(txn_);
     s_.event_ids->clear();
     for (auto& c : s_.contributors) c->catch_up(txn_);
     for (std::size_t p = 0; p < s_.journals.size(); ++p) {
@@ -165,6 +167,12 @@ void batch_run::prefetch_slots(const item& d) const noexcept {
 void batch_run::prefetch(const item& d) const noexcept {
     if (d.err.why != reason::none) return;
     s_.ids->prefetch(d.message_hash);
+    if (!d.event_key.empty()) {
+        s_.ids->prefetch(d.event_key_hash);
+        s_.event_contents->prefetch(d.event_key_hash);
+    } else {
+        s_.event_contents->prefetch(d.message_hash);
+    }
     if (d.ev.sequence) streams_.prefetch(d.subject_hash);
     for (const auto& pt : d.parts) {
         for (auto h : pt.contributor_hashes) s_.contributors[pt.projection]->prefetch(h);
@@ -210,11 +218,40 @@ outcome batch_run::deliver(const item& d) {
             }
         }
     }
+    // An event id names one event whatever transport carries it: under a new message id, an event
+    // id processed with other content is an id conflict too. Its first delivery is in the inbox
+    // under the event id (it came without a transport id) or in event_contents (it came under
+    // one): index probes, an LMDB read only on a hit.
+    std::optional<outcome> conflict;
+    bool record_contents = false;
+    if (!malformed) {
+        const bool transported = !d.event_key.empty();
+        const auto& key = transported ? d.event_key : message_id;
+        const auto key_hash = transported ? d.event_key_hash : hash;
+        // event_contents first: the inbox's entry under the event id may be a later delivery
+        // without a transport id that was itself an id conflict. Both keep the first delivery's
+        // shape: another type, version or sequence is a republication (an upcast, a corrected
+        // position), judged by the guards.
+        auto seen = s_.event_contents->find(txn_, key, key_hash);
+        if (!seen && transported) seen = s_.ids->find(txn_, key, key_hash);
+        if (seen && seen->extra[0] != 0 && seen->extra[0] != d.fingerprint && seen->extra[2] == d.shape) {
+            ++stats.id_conflicts;
+            const auto first_commit = seen->position == 0 ? commit_ : layout::inbox_commit(seen->extra[1]);
+            conflict = dead(d, reason::id_conflict,
+                            label() + " " + layout::describe_message_id(message_id) +
+                                ": its event id was first processed in commit " + std::to_string(first_commit) +
+                                " under another message id with other content (fingerprint " +
+                                std::to_string(seen->extra[0]) + ", this delivery " + std::to_string(d.fingerprint) +
+                                "); the first effect stands");
+        }
+        record_contents = transported && !seen;
+    }
     clock_before_ = clock_.event_time;
-    const bool future = d.time_ns && ahead(*d.time_ns, d.identity);
+    // A conflict is the same event again: it neither votes nor moves the clock.
+    const bool future = !conflict && d.time_ns && ahead(*d.time_ns, d.identity, d.ev.source);
     // The clock's 0 means "no event time yet": an event stamped 1970-01-01T00:00:00Z sets it 1 ns
     // later, so that the events after it are checked against it.
-    if (d.time_ns && !future) clock_.event_time = std::max({clock_.event_time, *d.time_ns, std::uint64_t{1}});
+    if (!conflict && d.time_ns && !future) clock_.event_time = std::max({clock_.event_time, *d.time_ns, std::uint64_t{1}});
     const auto stamp = s_.options.retention.clock == retention_clock::event ? clock_.event_time : time_ns_;
     // A collision's id is in the inbox already (the first event's); this event is not recorded under it.
     const bool record = !message_id.empty() && !collision;
@@ -223,8 +260,18 @@ outcome batch_run::deliver(const item& d) {
     if (record && !malformed && (message_id.starts_with('m') || message_id.starts_with('t'))) {
         s_.event_ids->stage(message_id, d.ev, stamp);
     }
-    auto result = malformed ? dead(d, d.err.why, "malformed event: " + d.err.detail, message_id) : process(d, future);
-    if (record) s_.ids->annotate_last({d.fingerprint, layout::inbox_word(commit_, result.kind, result.why), d.identity});
+    auto result = conflict  ? std::move(*conflict)
+                  : malformed ? dead(d, d.err.why, "malformed event: " + d.err.detail, message_id)
+                              : process(d, future);
+    // An entry under the event id itself is its own identity: it keeps the event's shape instead.
+    const std::array<std::uint64_t, id_log::max_extra> extra{d.fingerprint,
+                                                             layout::inbox_word(commit_, result.kind, result.why),
+                                                             message_id.starts_with('e') ? d.shape : d.identity};
+    if (record) s_.ids->annotate_last(extra);
+    if (record_contents) {
+        s_.event_contents->stage(d.event_key, stamp, d.event_key_hash);
+        s_.event_contents->annotate_last({d.fingerprint, extra[1], d.shape});  // keyed by the event id, as 'e' entries
+    }
     if (collision) {
         *collision += ": " + std::string(to_string(result.kind)) +
                       (result.why != reason::none ? " (" + std::string(to_string(result.why)) + ")" : std::string());
@@ -442,6 +489,7 @@ void batch_run::finish() {
     write_rows();
     for (auto& c : s_.contributors) c->write(txn_);
     s_.ids->write(txn_);
+    s_.event_contents->write(txn_);
     s_.event_ids->write(txn_);
     write_dead_letters();
     write_collisions();
@@ -553,45 +601,76 @@ bool batch_run::future_guarded() const {
     return r.max_future_skew && (r.allowed_lateness || (r.inbox_retention && r.clock == retention_clock::event));
 }
 
-bool batch_run::ahead(std::uint64_t time, std::uint64_t identity) {
+bool batch_run::ahead(std::uint64_t time, std::uint64_t identity, std::string_view source) {
     // An event far ahead of the consumer's event time is held against it (one bad clock must not
     // move the horizon for everyone) until enough such events agree that the source jumped forward.
     const auto& r = s_.options.retention;
-    if (!future_guarded() || clock_.event_time == 0) return false;
+    if (!future_guarded()) return false;
     const auto skew = count_ns(*r.max_future_skew);
-    if (time <= clock_.event_time || time - clock_.event_time <= skew) return false;
+    // Past the wall clock, the event's own source is no witness: one misconfigured producer
+    // repeats its bad time as often as it sends.
+    const bool past_wall = beyond_wall(time);
+    if (clock_.event_time == 0) {
+        if (!past_wall) return false;  // the first event sets the clock, unless it claims the future
+    } else if (time <= clock_.event_time || time - clock_.event_time <= skew) {
+        return false;
+    }
     // Votes are distinct events: the same outlier re-sent under new message ids votes once.
     auto& votes = clock_.jump_votes;
+    auto& sources = clock_.jump_sources;
+    const auto from = layout::source_identity(source);
     const auto lo = std::min(time, clock_.jump_time);
     const auto hi = std::max(time, clock_.jump_time);
     if (!votes.empty() && hi - lo <= skew) {
         clock_.jump_time = lo;
         if (std::find(votes.begin(), votes.end(), identity) == votes.end()) votes.push_back(identity);
+        if (std::find(sources.begin(), sources.end(), from) == sources.end()) sources.push_back(from);
     } else {
         clock_.jump_time = time;
         votes.assign(1, identity);
+        sources.assign(1, from);
     }
-    if (votes.size() < std::max<std::uint32_t>(1, r.future_confirmations)) return true;
+    const std::size_t needed = std::max<std::uint32_t>(1, r.future_confirmations);
+    if (votes.size() < needed) return true;
+    if (past_wall && sources.size() < std::min<std::size_t>(2, needed)) return true;
     clock_.jump_time = 0;
     votes.clear();
+    sources.clear();
     return false;
+}
+
+bool batch_run::beyond_wall(std::uint64_t time) const {
+    const auto& skew = s_.options.retention.max_future_skew;
+    return skew && time > time_ns_ && time - time_ns_ > count_ns(*skew);
 }
 
 bool batch_run::far_ahead(std::optional<std::uint64_t> time) const {
     const auto& skew = s_.options.retention.max_future_skew;
-    return time && skew && future_guarded() && clock_.event_time != 0 && *time > clock_.event_time &&
-           *time - clock_.event_time > count_ns(*skew);
+    if (!time || !skew || !future_guarded()) return false;
+    if (clock_.event_time == 0) return beyond_wall(*time);
+    return *time > clock_.event_time && *time - clock_.event_time > count_ns(*skew);
 }
 
 outcome batch_run::future_event(const item& d) {
     ++stats.future_events;
     const auto& ev = d.ev;
+    const auto skew = format_duration(*s_.options.retention.max_future_skew);
+    std::string why;
+    if (clock_.event_time == 0) {
+        why = " is " + std::to_string((*d.time_ns - time_ns_) / 1'000'000) +
+              " ms ahead of the wall clock, more than the allowed skew of " + skew +
+              ", and the consumer has no event time yet";
+    } else {
+        why = " is " + std::to_string((*d.time_ns - clock_.event_time) / 1'000'000) +
+              " ms ahead of the consumer's event time, more than the allowed skew of " + skew;
+    }
+    if (beyond_wall(*d.time_ns)) {
+        why += "; it is also past the wall clock, where only events of two sources agreeing confirm a jump (" +
+               std::to_string(clock_.jump_sources.size()) + " source" + (clock_.jump_sources.size() == 1 ? "" : "s") +
+               " so far)";
+    }
     return dead(d, reason::future_event,
-                describe(ev) + ": event time " + ev.time + " is " +
-                    std::to_string((*d.time_ns - clock_.event_time) / 1'000'000) +
-                    " ms ahead of the consumer's event time, more than the allowed skew of " +
-                    format_duration(*s_.options.retention.max_future_skew) +
-                    "; it did not move the event-time horizon");
+                describe(ev) + ": event time " + ev.time + why + "; it did not move the event-time horizon");
 }
 
 std::optional<outcome> batch_run::late(const item& d) {

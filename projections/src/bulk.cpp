@@ -22,6 +22,7 @@ std::vector<outcome> store::impl::run_bulk(const prepared_batch& prepared, std::
 void store::impl::index_pages() {
     const bool huge = options.huge_index_pages || bulk != nullptr;
     ids->use_huge_pages(huge);
+    event_contents->use_huge_pages(huge);
     for (auto& c : contributors) c->use_huge_pages(huge);
 }
 
@@ -60,6 +61,7 @@ void store::end_bulk() {
         throw;
     }
     s.ids->committed();
+    s.event_contents->committed();
     for (auto& c : s.contributors) c->committed();
     s.bulk.reset();
     s.bulk_txn.reset();
@@ -76,6 +78,8 @@ void batch_run::spill(std::size_t budget) {
     }
     s_.ids->write(txn_);
     s_.ids->committed();
+    s_.event_contents->write(txn_);
+    s_.event_contents->committed();
     s_.event_ids->write(txn_);
     write_dead_letters();
     write_collisions();

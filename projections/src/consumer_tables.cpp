@@ -58,6 +58,8 @@ void store::impl::open_tables() {
     auto new_collisions = env->table(layout::collision_table(options.consumer));
     auto new_ids = std::make_unique<id_log>(*env, layout::inbox_table(options.consumer), layout::inbox_extra_words);
     auto new_event_ids = std::make_unique<detail::event_id_log>(*env, options.consumer, new_ids->table());
+    auto new_event_contents =
+        std::make_unique<id_log>(*env, layout::event_contents_table(options.consumer), layout::inbox_extra_words);
     std::vector<MDB_dbi> new_tables;
     std::vector<std::unique_ptr<id_log>> new_contributors;
     std::vector<std::unique_ptr<detail::row_journal>> new_journals;
@@ -73,6 +75,7 @@ void store::impl::open_tables() {
     collisions = new_collisions;
     ids = std::move(new_ids);
     event_ids = std::move(new_event_ids);
+    event_contents = std::move(new_event_contents);
     tables = std::move(new_tables);
     contributors = std::move(new_contributors);
     journals = std::move(new_journals);
@@ -89,6 +92,7 @@ void store::impl::open_projection(const projection_base& p) {
 void store::impl::rolled_back() {
     kept.clear();  // a failed batch may have changed them
     ids->rolled_back();
+    event_contents->rolled_back();
     for (auto& c : contributors) c->rolled_back();
     for (auto& j : journals) j->rolled_back();
 }

@@ -108,9 +108,12 @@ explanation explain(const snapshot& snap, std::string_view consumer_name, const 
     };
     // The event may have arrived under several ids (a transport id, then re-sent): its story
     // starts with the earliest commit.
+    // Within one commit, a delivery dead-lettered as another's id_conflict is not its story's start.
     for (const auto& m : candidates) {
         auto r = tables.inbox_lookup(m);
-        if (r && (!x.first || r->commit < x.first->commit)) {
+        if (r && (!x.first || r->commit < x.first->commit ||
+                  (r->commit == x.first->commit && x.first->outcome == outcome_kind::dead_lettered &&
+                   r->outcome != outcome_kind::dead_lettered))) {
             x.first = r;
             x.message_id = m;
         }

@@ -69,6 +69,7 @@ std::string parked_table(std::string_view consumer) { return named("parked/", co
 std::string dead_letter_table(std::string_view consumer) { return named("deadletter/", consumer); }
 std::string collision_table(std::string_view consumer) { return named("collision/", consumer); }
 std::string event_ids_table(std::string_view consumer) { return named("eventids/", consumer); }
+std::string event_contents_table(std::string_view consumer) { return named("eventcontent/", consumer); }
 std::string audit_table(std::string_view consumer) { return named("audit/", consumer); }
 std::string checkpoint_table(std::string_view consumer) { return named("checkpoint/", consumer); }
 
@@ -120,6 +121,13 @@ clock_record decode_clock(std::optional<std::string_view> v) {
         for (std::size_t i = 0; i < n && v->size() >= 40 + 8 * i; ++i) {
             c.jump_votes.push_back(codec::get_u64_le(v->substr(32 + 8 * i)));
         }
+        const auto at = 32 + 8 * c.jump_votes.size();
+        if (c.jump_votes.size() == n && v->size() >= at + 8) {
+            const auto m = codec::get_u64_le(v->substr(at));
+            for (std::size_t i = 0; i < m && v->size() >= at + 16 + 8 * i; ++i) {
+                c.jump_sources.push_back(codec::get_u64_le(v->substr(at + 8 + 8 * i)));
+            }
+        }
     }
     return c;
 }
@@ -131,6 +139,8 @@ std::string encode_clock(const clock_record& c) {
     codec::put_u64_le(out, c.jump_time);
     codec::put_u64_le(out, c.jump_votes.size());
     for (auto id : c.jump_votes) codec::put_u64_le(out, id);
+    codec::put_u64_le(out, c.jump_sources.size());
+    for (auto id : c.jump_sources) codec::put_u64_le(out, id);
     return out;
 }
 
@@ -338,6 +348,8 @@ std::optional<inbox_entry> decode_inbox_entry(std::string_view v) {
 }
 
 std::uint64_t event_identity(std::string_view event_id) { return id_log::hash_of(event_id) | 1; }
+
+std::uint64_t source_identity(std::string_view source) { return id_log::hash_of(source) | 1; }
 
 std::string truncate(std::string_view s, std::size_t n) {
     if (s.size() <= n) return std::string(s);

@@ -172,9 +172,11 @@ redrive_result store::redrive(const redrive_options& options) {
                 refuse("another version of this message was applied first; the first effect stands");
                 continue;
             }
-            if (item.was == reason::late_event) {
-                refuse("older than the event-time horizon with no sequence: nothing proves it new");
-                continue;
+            if (item.was == reason::late_event && parsed) {
+                if (auto why = op.unprovable(item.message_id, v); !why.empty()) {
+                    refuse("late, and " + why);
+                    continue;
+                }
             }
             if (parsed && ev.sequence && !options.out_of_order) {
                 refuse("sequence " + std::to_string(*ev.sequence) + " of '" + ev.subject +

@@ -32,6 +32,23 @@ public:
         d.message_id.assign(message_id);
         return run_.apply_projections(d);
     }
+    std::string unprovable(std::string_view message_id, std::string_view body) override {
+        auto d = taken_back(message_id, body);
+        if (!prepare_envelope(run_.s_, d, run_.s_.parser)) return {};  // malformed: redriven as it is
+        if (!d.time_ns) return "it has no usable time: nothing places it against the pruned effect keys";
+        // Effect keys are stamped with their event's time and pruned oldest first: at or above a
+        // projection's floor every one of them is still there, so its contributing sets judge the
+        // event exactly (the horizon may have been moved by a bad clock since it was judged late).
+        for (const auto& pt : d.parts) {
+            const auto floor = run_.contrib_floors_[pt.projection];
+            if (*d.time_ns < floor) {
+                return "its event time " + d.ev.time + " is " + std::to_string((floor - *d.time_ns) / 1'000'000) +
+                       " ms before where projection '" + run_.s_.projections[pt.projection]->name() +
+                       "' pruned its effect keys: nothing proves it new";
+            }
+        }
+        return {};
+    }
     void dead_letter(reason why, std::string detail, std::string_view message_id, std::string_view body) override {
         run_.dead(taken_back(message_id, body), why, std::move(detail));
     }
@@ -79,6 +96,7 @@ void store::impl::run_operator(const std::function<bool(detail::operator_session
     detail::before_commit(options, run.commit());
     txn.commit();
     ids->committed();
+    event_contents->committed();
     for (auto& c : contributors) c->committed();
 }
 

@@ -28,6 +28,9 @@ public:
     /// Applies an event to the rows that do not hold it yet (contributing sets, row sequences,
     /// all-or-nothing; a failure is dead-lettered anew). The inbox and the stream are untouched.
     virtual outcome reapply(const envelope& ev, std::string_view message_id, std::string_view body) = 0;
+    /// Returns why the contributing sets cannot prove an event dead-lettered as late new or a
+    /// duplicate (no usable time, or a time below a projection's pruned floor); "" when they can.
+    virtual std::string unprovable(std::string_view message_id, std::string_view body) = 0;
     /// Dead-letters a body with the batch.
     virtual void dead_letter(reason why, std::string detail, std::string_view message_id, std::string_view body) = 0;
     /// Writes the dead letters staged so far into the transaction (positions after every existing one).

@@ -8,6 +8,7 @@
 #include <idem/storage/crash_point.hpp>
 #include <idem/storage/duration.hpp>
 #include <idem/storage/envelope_record.hpp>
+#include <idem/storage/event_id.hpp>
 #include <idem/storage/reused_buffer.hpp>
 
 #include <algorithm>
@@ -130,6 +131,14 @@ void prepare_parsed(const store::impl& s, prepared_batch::item& out, std::uint64
     const auto& transport_id = out.transport_id.empty() ? out.ev.msgid : out.transport_id;
     out.message_id = transport_id.empty() ? out.ev.message_id() : transport_message_id(out.transport, transport_id);
     out.message_hash = id_log::hash_of(out.message_id);
+    out.event_key.clear();
+    out.shape = (id_log::hash_of(out.ev.type) ^ (out.ev.schema_version().value_or(0) * 0x9E3779B97F4A7C15ull) ^
+                 (out.ev.sequence.value_or(0) * 0xC2B2AE3D27D4EB4Full)) | 1;
+    if (!transport_id.empty()) {
+        out.event_key.push_back('e');
+        append_event_id(out.event_key, out.ev.source, out.ev.id);
+        out.event_key_hash = id_log::hash_of(out.event_key);
+    }
     out.identity = layout::event_identity(out.ev.event_id());
     out.subject_hash = std::hash<std::string_view>{}(out.ev.subject);
     out.time_ns = parse_event_time(out.ev.time);

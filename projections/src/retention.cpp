@@ -33,6 +33,12 @@ prune_result store::impl::prune_step(write_txn& txn, const prune_limits& limits,
             budget -= step.removed;
             stats.pruned_ids += step.removed;
             steps.emplace_back(SIZE_MAX, step);
+            // The contents of events that came under transport ids leave with the inbox, by its cutoff.
+            event_contents->catch_up(txn);
+            auto contents = event_contents->prune(txn, now - age, budget, deadline);
+            result.more = result.more || contents.more;
+            budget -= contents.removed;
+            steps.emplace_back(event_contents_step, contents);
         }
     }
     if (r.allowed_lateness && clock.event_time > count_ns(*r.allowed_lateness)) {
@@ -77,6 +83,7 @@ prune_result store::impl::prune_run(write_txn& txn, const prune_limits& limits, 
     // A prune inside a batch's transaction: the batch writes the floors with its clock record.
     auto result = prune_step(txn, limits, run.clock(), run.stats, steps);
     for (const auto& [p, step] : steps) {
+        if (p == event_contents_step) continue;
         if (p == SIZE_MAX) {
             run.set_inbox_floor(step.newest_removed + 1);
         } else {
@@ -117,7 +124,9 @@ prune_result store::prune(const prune_limits& limits) {
 }
 
 void store::impl::forget_pruned(const prune_steps& steps) {
-    for (const auto& [p, step] : steps) (p == SIZE_MAX ? *ids : *contributors[p]).pruned(step);
+    for (const auto& [p, step] : steps) {
+        (p == SIZE_MAX ? *ids : p == event_contents_step ? *event_contents : *contributors[p]).pruned(step);
+    }
 }
 
 }  // namespace idem

@@ -120,6 +120,14 @@ struct prepared_batch::item {
     bool from_store = false;
     std::string message_id;  // the inbox key (set when the envelope parsed)
     std::uint64_t message_hash = 0;  // id_log::hash_of(message_id)
+    // Under a transport id: the inbox key of the event's own id ("e" + event id), under which
+    // event_contents records it, so that it is known whatever transport carries it again. Else
+    // empty (the message id is that key).
+    std::string event_key;
+    std::uint64_t event_key_hash = 0;  // id_log::hash_of(event_key)
+    // Of its type, schema version and sequence: a republication that changes one of them (another
+    // version, a corrected sequence) is judged by the guards, not taken for an id conflict.
+    std::uint64_t shape = 0;
     std::uint64_t subject_hash = 0;  // the subject's hash in the batch's stream table
     std::optional<std::uint64_t> time_ns;  // the event time, if it has one that parses
     std::uint64_t fingerprint = 0;         // of the decoded content (or of the bytes, when malformed)
@@ -145,6 +153,7 @@ struct store::impl {
     MDB_dbi checkpoints = 0;
     MDB_dbi collisions = 0;
     std::unique_ptr<id_log> ids;                      // the inbox
+    std::unique_ptr<id_log> event_contents;           // event ids of deliveries under transport ids, with their content
     std::unique_ptr<detail::event_id_log> event_ids;  // event ids of deliveries under transport ids
     std::vector<std::unique_ptr<projection_base>> projections;
     detail::upcast_chain upcasts;  // applied to every event's data before it is decoded
@@ -195,6 +204,7 @@ struct store::impl {
 
     // retention.cpp
     using prune_steps = std::vector<std::pair<std::size_t, id_log::prune_step>>;  // SIZE_MAX: the inbox
+    static constexpr std::size_t event_contents_step = SIZE_MAX - 1;  // a prune_steps entry of event_contents
     prune_result prune_step(write_txn& txn, const prune_limits& limits, layout::clock_record clock,
                             consumer_stats& stats, prune_steps& steps);
     prune_result prune_run(write_txn& txn, const prune_limits& limits, detail::batch_run& run, prune_steps& steps);
@@ -292,8 +302,9 @@ private:
     void write_dead_letters();
     void write_collisions();
     // The guards.
-    bool ahead(std::uint64_t time, std::uint64_t identity);
+    bool ahead(std::uint64_t time, std::uint64_t identity, std::string_view source);
     bool future_guarded() const;
+    bool beyond_wall(std::uint64_t time) const;
     bool far_ahead(std::optional<std::uint64_t> time) const;
     outcome future_event(const item& d);
     std::optional<outcome> late(const item& d);

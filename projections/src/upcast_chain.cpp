@@ -11,7 +11,7 @@ namespace idem::detail {
 
 namespace {
 
-std::string name_of(std::string_view type, std::uint32_t version) {
+std::string name_of(std::string_view type, std::uint64_t version) {
     return "'" + std::string(type) + "' version " + std::to_string(version);
 }
 
@@ -76,13 +76,38 @@ std::shared_ptr<const void> upcast_chain::lifted::decode_for(const projection_ba
 }
 
 upcast_chain::lifted upcast_chain::lift(const envelope& ev) const {
+    const auto version = ev.schema_version();
+    if (!version) {
+        // Refused whatever the steps: taken for another version, the data would be misread.
+        lifted out;
+        out.type = final_type(ev.type);
+        const auto digits = ev.dataschema.substr(ev.dataschema.find_last_not_of("0123456789") + 1);
+        out.failure = "dataschema '" + ev.dataschema + "' names " +
+                      (digits.find_first_not_of('0') == std::string::npos
+                           ? std::string("version 0, and versions start at 1")
+                           : "a version past 2^64 - 1 (" + std::to_string(digits.size()) + " digits)") +
+                      ": no version of '" + ev.type + "' this code can read";
+        return out;
+    }
     if (steps_.empty() || ev.data_binary) return {};
-    return lift(ev.type, ev.schema_version(), ev.data);
+    auto out = lift(ev.type, *version, ev.data);
+    if (!out.failure.empty() && !ev.dataschema.empty()) out.failure += " (dataschema '" + ev.dataschema + "')";
+    return out;
 }
 
-upcast_chain::lifted upcast_chain::lift(std::string_view type, std::uint32_t version, std::string_view data) const {
+upcast_chain::lifted upcast_chain::lift(std::string_view type, std::uint64_t version, std::string_view data) const {
     lifted out;
     out.type = type;
+    // Steps are numbered in 32 bits: a version past them has none, and is newer than any the chain knows.
+    if (version > UINT32_MAX) {
+        out.type = final_type(type);
+        if (known_.contains(type)) {
+            out.failure = "'" + std::string(type) + "' version " + std::to_string(version) +
+                          " is newer than this code, which knows up to version " +
+                          std::to_string(known_.find(type)->second.newest);
+        }
+        return out;
+    }
     if (auto k = known_.find(type); k != known_.end() && version < k->second.oldest) {
         out.failure = name_of(type, version) + " has no upcaster (the oldest version known is " +
                       std::to_string(k->second.oldest) + ")";
@@ -90,7 +115,7 @@ upcast_chain::lifted upcast_chain::lift(std::string_view type, std::uint32_t ver
     }
     // Versions only go up, one at a time, so the walk ends (a chain cannot come back to a version).
     for (;;) {
-        auto it = steps_.find(step_view(out.type, version));
+        auto it = steps_.find(step_view(out.type, static_cast<std::uint32_t>(version)));  // at most UINT32_MAX here
         if (it == steps_.end()) break;
         const auto& step = it->second;
         if (out.failure.empty()) {
@@ -130,9 +155,24 @@ upcast_chain::lifted upcast_chain::lift(std::string_view type, std::uint32_t ver
         if (auto k = known_.find(out.type); k != known_.end() && version > k->second.newest) {
             out.failure = name_of(out.type, version) + " is newer than this code, which knows up to version " +
                           std::to_string(k->second.newest);
+            out.type = final_type(out.type);
         }
     }
     return out;
+}
+
+// A version the chain cannot lift still fails where its handlers are: those of the type the
+// chain leads to from its oldest version (a renamed type's), not ignored for want of any.
+std::string_view upcast_chain::final_type(std::string_view type) const {
+    auto k = known_.find(type);
+    if (k == known_.end()) return type;
+    auto version = k->second.oldest;
+    for (;;) {
+        auto it = steps_.find(step_view(type, version));
+        if (it == steps_.end()) return type;
+        type = it->second.to_type;
+        ++version;
+    }
 }
 
 }  // namespace idem::detail

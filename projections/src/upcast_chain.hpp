@@ -39,8 +39,9 @@ public:
         std::shared_ptr<const void> decode_for(const projection_base::handler& h, std::string_view own);
     };
     /// Lifts (type, version, data) through the steps from it; version is the event's schema version.
-    lifted lift(std::string_view type, std::uint32_t version, std::string_view data) const;
-    /// Lifts ev as every path does: binary data is not JSON, so no step reads it.
+    lifted lift(std::string_view type, std::uint64_t version, std::string_view data) const;
+    /// Lifts ev as every path does: binary data is not JSON, so no step reads it; a dataschema
+    /// naming no version (0, past 64 bits) fails whatever the steps.
     lifted lift(const envelope& ev) const;
 
 private:
@@ -59,6 +60,7 @@ private:
     };
     std::map<std::string, span, std::less<>> known_;  // per type: the versions its steps read or write
     void check_no_gap(std::string_view type) const;
+    std::string_view final_type(std::string_view type) const;
 };
 
 }  // namespace idem::detail

@@ -88,14 +88,20 @@ std::string envelope::message_id() const {
     return "e" + event_id();
 }
 
-std::uint32_t envelope::schema_version() const {
+std::optional<std::uint64_t> envelope::schema_version() const {
     std::string_view last = dataschema;
     if (auto at = last.find_last_of(":/"); at != std::string_view::npos) last.remove_prefix(at + 1);
     if (!last.empty() && (last.front() == 'v' || last.front() == 'V')) last.remove_prefix(1);
-    if (last.empty() || last.size() > 9 || last.find_first_not_of("0123456789") != std::string_view::npos) return 1;
-    std::uint32_t v = 0;
-    for (char c : last) v = v * 10 + static_cast<std::uint32_t>(c - '0');
-    return v == 0 ? 1 : v;
+    if (last.empty() || last.find_first_not_of("0123456789") != std::string_view::npos) return 1;
+    // The whole number or none: a version past 64 bits is not taken for a smaller one.
+    std::uint64_t v = 0;
+    for (char c : last) {
+        const auto digit = static_cast<std::uint64_t>(c - '0');
+        if (v > (UINT64_MAX - digit) / 10) return std::nullopt;
+        v = v * 10 + digit;
+    }
+    if (v == 0) return std::nullopt;
+    return v;
 }
 
 std::string describe(const envelope& e) {

@@ -4,6 +4,8 @@
 
 #include "fixtures.hpp"
 
+#include <idem/projections/explain.hpp>
+
 #include <idem/storage/envelope.hpp>
 
 #include <chrono>
@@ -148,6 +150,143 @@ TEST_CASE("the same event id with other content stays an id_conflict, under a tr
     // The stream went on: sequence 2 is applied, not parked.
     CHECK(store.apply(from(line("l-2", "o1", 1, 2), "broker", "m-2")).kind == outcome_kind::applied);
     CHECK(store.read().get<order_total>("order-totals", "o1")->state.total == 6);
+}
+
+TEST_CASE("an event id delivered again with other content under another message id is an id_conflict") {
+    // The producer's identity of the event is (source, id), whatever transport carried it.
+    auto body = [](std::string_view msgid, std::string_view order, std::int64_t amount) {
+        std::string out = R"({"specversion":"1.0","id":"e-1","source":"/s","type":"order.line_added")";
+        if (!msgid.empty()) out += R"(,"msgid":")" + std::string(msgid) + "\"";
+        return out + R"(,"data":{"order_id":")" + std::string(order) + R"(","amount":)" + std::to_string(amount) + "}}";
+    };
+    struct variant {
+        const char* name;
+        std::string first, second;
+    };
+    for (const auto& v : {variant{"two message ids", body("m-1", "o-1", 100), body("m-2", "o-2", 500)},
+                          variant{"a message id, then none", body("m-1", "o-1", 100), body("", "o-2", 500)},
+                          variant{"no message id, then one", body("", "o-1", 100), body("m-2", "o-2", 500)}}) {
+        for (const bool one_batch : {false, true}) {
+            CAPTURE(v.name);
+            CAPTURE(one_batch);
+            temp_dir dir;
+            idem::store store{options(dir.path())};
+            store.add(totals_by_order());
+            const std::vector<idem::delivery> both{{v.first, {}}, {v.second, {}}};
+            std::vector<idem::outcome> outcomes;
+            if (one_batch) {
+                outcomes = store.apply(both);
+            } else {
+                for (const auto& d : both) outcomes.push_back(store.apply(d));
+            }
+            CHECK(outcomes[0].kind == outcome_kind::applied);
+            CHECK(outcomes[1].kind == outcome_kind::dead_lettered);
+            CHECK(outcomes[1].why == idem::reason::id_conflict);
+            reference ref;
+            ref.add("o-1", 100);  // the first effect stands
+            auto snap = store.read();
+            CHECK(dump(snap, "order-totals") == ref.rows);
+            CHECK(snap.consumer(consumer).stats().id_conflicts == 1);
+            auto x = idem::explain(snap, consumer, {.source = "/s", .id = "e-1"});
+            CHECK(x.answer == "applied");
+            CHECK(x.id_conflicts == 1);
+            // Redeliveries change nothing, and the same content under yet another message id is
+            // the duplicate event it was before.
+            for (const auto& o : store.apply(both)) CHECK(o.kind != outcome_kind::applied);
+            CHECK(store.apply(idem::delivery{body("m-3", "o-1", 100), {}}).kind == outcome_kind::duplicate_event);
+            CHECK(store.apply(idem::delivery{body("m-4", "o-3", 7), {}}).why == idem::reason::id_conflict);
+            CHECK(dump(store.read(), "order-totals") == ref.rows);
+        }
+    }
+}
+
+TEST_CASE("one source's events stamped 2099 never move the horizon; two sources agreeing do, and redrive takes back what was late") {
+    const std::uint64_t wall = 1'796'000'000ull * second_ns;  // 2026-11-30
+    const auto in_2099 = std::uint64_t{4'070'908'800} * second_ns;
+    auto at = [](std::string id, std::string order, std::int64_t amount, std::uint64_t ns, std::string source) {
+        auto e = line(std::move(id), order, amount, std::nullopt, std::move(source));
+        e.time = rfc3339(ns);
+        return deliver(e, "m-" + e.id);
+    };
+    auto open = [&](const std::filesystem::path& path) {
+        auto o = timed_options(path, 10min);
+        o.retention.max_future_skew = 24h;
+        o.retention.future_confirmations = 3;
+        o.retention.now = [wall] { return wall; };
+        return o;
+    };
+    SUBCASE("one source: three 2099 events, then 2000 current ones") {
+        for (const bool first : {false, true}) {  // the outliers after some current events, or before any
+            CAPTURE(first);
+            temp_dir dir;
+            idem::store store{open(dir.path())};
+            store.add(totals_by_order());
+            std::vector<idem::delivery> log;
+            reference ref;
+            auto current = [&](std::size_t i) {
+                const auto order = "o" + std::to_string(i % 13);
+                const auto amount = static_cast<std::int64_t>(i % 97 + 1);
+                ref.add(order, amount);
+                log.push_back(at("c-" + std::to_string(i), order, amount, start_ns + i * second_ns, "/orders"));
+            };
+            if (!first) {
+                for (std::size_t i = 0; i < 10; ++i) current(i);
+            }
+            for (std::uint64_t k = 0; k < 3; ++k) {
+                log.push_back(at("bad-" + std::to_string(k), "o-future", 1000, in_2099 + k * second_ns, "/misconfigured"));
+            }
+            for (std::size_t i = first ? 0 : 10; i < 2000; ++i) current(i);
+            for (std::size_t i = 0; i < log.size(); i += 100) {
+                store.apply(std::span<const idem::delivery>(log.data() + i, std::min<std::size_t>(100, log.size() - i)));
+            }
+            auto snap = store.read();
+            const auto stats = snap.consumer(consumer).stats();
+            CHECK(stats.late_events == 0);
+            CHECK(stats.future_events == 3);
+            CHECK(dump(snap, "order-totals") == ref.rows);
+            CHECK(snap.consumer(consumer).retention().event_time == start_ns + 1999 * second_ns);
+        }
+    }
+    SUBCASE("two sources agreeing move it; the events then judged late are redriven once the operator decides") {
+        temp_dir dir;
+        idem::store store{open(dir.path())};
+        store.add(totals_by_order());
+        reference ref;
+        std::vector<idem::delivery> log;
+        for (std::size_t i = 0; i < 10; ++i) {
+            log.push_back(at("c-" + std::to_string(i), "o1", 1, start_ns + i * second_ns, "/orders"));
+            ref.add("o1", 1);
+        }
+        store.apply(log);
+        auto outcomes = store.apply(std::vector{at("x-1", "o2", 10, in_2099, "/a"), at("x-2", "o2", 20, in_2099, "/a"),
+                                                at("x-3", "o2", 40, in_2099 + second_ns, "/b")});
+        CHECK(outcomes[0].why == idem::reason::future_event);
+        CHECK(outcomes[0].detail.find("only events of two sources agreeing confirm a jump") != std::string::npos);
+        CHECK(outcomes[1].why == idem::reason::future_event);
+        CHECK(outcomes[2].kind == outcome_kind::applied);  // the second source confirms: the jump is taken
+        ref.add("o2", 40);
+        CHECK(store.read().consumer(consumer).retention().event_time == in_2099 + second_ns);
+        // Current events are now late, new ones and a re-send of an applied one alike.
+        std::vector<idem::delivery> late;
+        for (std::size_t i = 10; i < 15; ++i) {
+            late.push_back(at("c-" + std::to_string(i), "o1", 100, start_ns + i * second_ns, "/orders"));
+            ref.add("o1", 100);
+        }
+        auto resent = at("c-5", "o1", 1, start_ns + 5 * second_ns, "/orders");
+        resent.message_id = "m-resent";
+        late.push_back(resent);
+        for (const auto& o : store.apply(late)) CHECK(o.why == idem::reason::late_event);
+        auto r = store.redrive({.why = idem::reason::late_event, .note = "the horizon was moved by bad clocks"});
+        CHECK(r.applied == 5);
+        CHECK(r.refused == 1);  // its time is below what was pruned: nothing proves it new
+        REQUIRE(!r.items.empty());
+        CHECK(r.items.back().refused);
+        CHECK(r.items.back().result.detail.find("pruned its effect keys") != std::string::npos);
+        CHECK(dump(store.read(), "order-totals") == ref.rows);
+        auto again = store.redrive({.why = idem::reason::late_event});
+        CHECK(again.applied == 0);
+        CHECK(dump(store.read(), "order-totals") == ref.rows);
+    }
 }
 
 TEST_CASE("an event stamped far ahead does not move the event-time horizon") {

@@ -128,8 +128,54 @@ TEST_CASE("schema versions are read from dataschema's last segment, 1 without on
     CHECK(e.schema_version() == 12);
     e.dataschema = "https://example.com/schemas/order.json";
     CHECK(e.schema_version() == 1);
-    e.dataschema = "urn:x:99999999999";  // past 32 bits: not a version
-    CHECK(e.schema_version() == 1);
+    e.dataschema = "urn:x:99999999999";  // past 32 bits: read whole
+    CHECK(e.schema_version() == 99999999999ull);
+    e.dataschema = "urn:x:18446744073709551615";
+    CHECK(e.schema_version() == UINT64_MAX);
+    e.dataschema = "urn:x:18446744073709551616";  // past 64 bits: no version, never a smaller one
+    CHECK_FALSE(e.schema_version().has_value());
+    e.dataschema = "urn:x:0";
+    CHECK_FALSE(e.schema_version().has_value());
+    e.dataschema = "urn:x:v000";
+    CHECK_FALSE(e.schema_version().has_value());
+}
+
+TEST_CASE("a dataschema naming version 0 or a version past what the code knows is refused, never read as 1") {
+    // Each of these carries a version-1 payload (the amount alone): read as version 1 it would be
+    // applied. The chain knows versions 1 and 2 of order.line_added (3 is order.line_recorded).
+    const std::vector<std::pair<std::string, std::string>> cases{
+        {"urn:idem:example:order.line_added:4294967297", "'order.line_added' version 4294967297 is newer than this code"},
+        {"urn:idem:example:order.line_added:1733500000000",
+         "'order.line_added' version 1733500000000 is newer than this code"},
+        {"urn:idem:example:order.line_added:18446744073709551617", "names a version past 2^64 - 1"},
+        {"urn:idem:example:order.line_added:0", "names version 0, and versions start at 1"},
+        {"https://example.com/schemas/order/v4", "'order.line_added' version 4 is newer than this code"},
+    };
+    temp_dir dir;
+    idem::store s{options(dir.path() / "s")};
+    s.add(money_by_order());
+    add_chain(s);
+    std::vector<idem::delivery> batch;
+    for (std::size_t i = 0; i < cases.size(); ++i) {
+        auto e = versioned(1, "bad-" + std::to_string(i), "o1", 100, "EUR");
+        e.dataschema = cases[i].first;
+        batch.push_back(deliver(e));
+    }
+    batch.push_back(deliver(versioned(1, "good", "o1", 7, "EUR")));
+    auto outcomes = s.apply(batch);
+    REQUIRE(outcomes.size() == cases.size() + 1);
+    for (std::size_t i = 0; i < cases.size(); ++i) {
+        CAPTURE(cases[i].first);
+        CHECK(outcomes[i].kind == outcome_kind::dead_lettered);
+        CHECK(outcomes[i].why == reason::upcast_failed);
+        CHECK(outcomes[i].detail.find(cases[i].second) != std::string::npos);
+        CHECK(outcomes[i].detail.find(cases[i].first) != std::string::npos);  // names the dataschema
+    }
+    CHECK(outcomes.back().kind == outcome_kind::applied);
+    // Only the version-1 line without a dataschema counts (the reference: one line of 7 EUR).
+    CHECK(money_rows(s.read()) == std::map<std::string, money_row>{{"o1", {7, 1, "EUR", 1}}});
+    auto snap = s.read();
+    CHECK(snap.consumer(consumer).dead_letters().size() == cases.size());
 }
 
 TEST_CASE("dataschema survives parsing and to_json") {

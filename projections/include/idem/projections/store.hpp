@@ -69,11 +69,12 @@ struct retention_options {
     /// event clock), an event whose time is more than this ahead of the consumer's event time is
     /// dead-lettered as future_event and does not move it, unless `future_confirmations` such events
     /// agree (future_confirmations; see docs/DESIGN.md, "The event-time horizon"). Unset: any event time moves the clock.
-    /// Measured in event time only, never against the wall clock, so rebuilds are deterministic.
+    /// Measured in event time; the wall clock (now) is read only for events more than this past it.
     std::optional<std::chrono::nanoseconds> max_future_skew = std::chrono::hours(24);
     /// A jump forward is taken when this many events in a row of the jump agree: events more than
-    /// max_future_skew ahead, within max_future_skew of each other. The last of them moves the clock
-    /// and is judged as usual; the ones before it were dead-lettered as future_event.
+    /// max_future_skew ahead, within max_future_skew of each other; for a jump more than
+    /// max_future_skew past the wall clock, from at least two distinct sources among them. The last
+    /// of them moves the clock and is judged as usual; the ones before it were dead-lettered as future_event.
     std::uint32_t future_confirmations = 3;
     /// How far ahead, in event time, the source may re-send an event under a new id and a new time
     /// (a drop copy): its effect key must still be in the contributing sets then, so the store

@@ -58,6 +58,12 @@ std::string dead_letter_table(std::string_view consumer);
 std::string collision_table(std::string_view consumer);
 /// The event ids of a consumer's deliveries under transport ids (event_ids.hpp).
 std::string event_ids_table(std::string_view consumer);
+/// The same events' contents: an id_log of `e<event id>` (the key a delivery without a transport
+/// id has in the inbox) with 3 extra words: [stamp][content fingerprint][commit << 8 | outcome]
+/// [shape: hash of type, schema version and sequence]. A new message id finds here (or in the
+/// inbox) whether its event id was processed with other content; pruned with the inbox, by the
+/// same cutoff.
+std::string event_contents_table(std::string_view consumer);
 /// A consumer's operator actions: position (u64 BE) -> audit record.
 std::string audit_table(std::string_view consumer);
 /// A consumer's checkpoints: source name -> checkpoint value.
@@ -80,12 +86,14 @@ std::uint32_t take_u32(std::string_view& in);
 
 /// A consumer's retention clock: [highest event time seen][inbox floor], ns, u64 LE each; then
 /// [pending jump: lowest time][n: events that agree on it][their n identities] (absent in stores
-/// written before).
+/// written before); then [m: the sources among them][their m source identities] (absent in stores
+/// written before: no source counted yet).
 struct clock_record {
     std::uint64_t event_time = 0;
     std::uint64_t inbox_floor = 0;
     std::uint64_t jump_time = 0;            ///< events far ahead of event_time that may be a real jump: their lowest time
     std::vector<std::uint64_t> jump_votes;  ///< the identities of the distinct events that agree on it (empty: none)
+    std::vector<std::uint64_t> jump_sources;  ///< the distinct sources of those events (source_identity)
 };
 clock_record decode_clock(std::optional<std::string_view> v);
 std::string encode_clock(const clock_record& c);
@@ -141,8 +149,9 @@ operator_action decode_action(std::uint64_t position, std::string_view v);
 // --- the inbox ----------------------------------------------------------------------------
 
 /// An inbox entry (an id_log value with 3 extra words): [stamp u64][content fingerprint u64]
-/// [commit << 8 | outcome u64][event identity u64][message id]. The writer stages it through
-/// id_log; readers decode it here.
+/// [commit << 8 | outcome u64][event identity u64, or for a message id that is the event id itself
+/// (`e...`) the event's shape: a hash of its type, schema version and sequence][message id]. The
+/// writer stages it through id_log; readers decode it here.
 inline constexpr std::size_t inbox_extra_words = 3;
 /// Bytes before the message id.
 inline constexpr std::size_t inbox_header = 8 * (1 + inbox_extra_words);
@@ -171,6 +180,8 @@ std::optional<inbox_entry> decode_inbox_entry(std::string_view v);
 
 /// An inbox entry's event identity: the event id's hash, never 0 (0 marks a delivery without one).
 std::uint64_t event_identity(std::string_view event_id);
+/// Returns a CloudEvents source's identity (the hash the clock record keeps of a jump's sources).
+std::uint64_t source_identity(std::string_view source);
 
 /// Whether an inbox key is a transport id ('m' unnamed transport, 't' named), not an event id ('e').
 inline bool is_transport_key(std::string_view key) noexcept { return key.starts_with('m') || key.starts_with('t'); }

@@ -70,8 +70,9 @@ struct envelope {
     std::string message_id() const;
     /// Returns the version of the data's schema: the last segment of `dataschema` (after its last
     /// ':' or '/') when it is a number, optionally after a 'v' ("urn:idem:example:order.line_added:2",
-    /// "https://example.com/schemas/order/v3"); 1 without a dataschema or without such a segment.
-    std::uint32_t schema_version() const;
+    /// "https://example.com/schemas/order/v3"); 1 without a dataschema or without such a segment;
+    /// nullopt when the segment is a number that is no version: 0, or past 2^64 - 1.
+    std::optional<std::uint64_t> schema_version() const;
     /// Serializes as a CloudEvents JSON object (JSON data inserted verbatim, binary data as `data_base64`).
     std::string to_json() const;
 };
