@@ -45,12 +45,18 @@ struct outcome {
 /// One delivery: the envelope as received, and the transport's message id if it has one.
 struct delivery {
     delivery() = default;
-    /// Takes the envelope as received and the transport's message id ("" to use the envelope's).
+    /// Takes the envelope as received, the transport's message id ("" to use the envelope's) and,
+    /// read from a log, the record's line and byte offset, and the transport.
     /// A constructor, not aggregate initialization: GCC 12 (Debian 12's compiler) destroys an
     /// aggregate temporary twice when it is built inside a co_await expression, so
     /// `co_await e.async_apply(delivery{body, id}, use_awaitable)` crashed before this existed.
-    delivery(std::string body_, std::string message_id_)
-        : body(std::move(body_)), message_id(std::move(message_id_)) {}
+    delivery(std::string body_, std::string message_id_, std::uint64_t line_ = 0, std::uint64_t offset_ = 0,
+             std::string transport_ = {})
+        : body(std::move(body_)),
+          message_id(std::move(message_id_)),
+          line(line_),
+          offset(offset_),
+          transport(std::move(transport_)) {}
 
     std::string body;        ///< CloudEvents JSON text
     std::string message_id;  ///< transport message id (Nats-Msg-Id, Idempotency-Key); "" to use the envelope's
