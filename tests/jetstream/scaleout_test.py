@@ -425,9 +425,18 @@ class caught_up_test(scaleout_case):
         # nothing and their dumps still show the copies they kept.
         for n in names:
             self.start(n, "--until-caught-up")
+        kept = []
         for n in names:
             self.procs[n].wait(120)
             self.assertEqual(self.procs[n].returncode, 0)
+            # Its result lists the copies it kept, as its DIR/owned does.
+            with open(self.procs[n].err_path[:-4] + ".out") as f:
+                again = json.loads(f.read())
+            with open(self.path(os.path.join(n, "owned"))) as f:
+                listed = sorted(int(x) for x in f.read().split())
+            self.assertEqual(sorted(again["owned_at_stop"]), listed, n)
+            kept += listed
+        self.assertEqual(sorted(kept), list(range(PARTITIONS)))
         self.assertEqual(self.union(names + ["d"]), ref)
 
     def test_a_partition_whose_last_owner_stopped_short_of_its_last_sequence_is_taken_and_replayed(self):

@@ -654,7 +654,10 @@ partitioned_result partitioned_consumer::run() {
             it = s.released.erase(it);
         }
     }
-    s.write_owned_file(s.with_kept_copies(s.result.owned_at_stop));  // held at the stop, and the kept copies
+    // Held at the stop, and the kept copies: what DIR/owned lists, the result says too.
+    s.result.owned_at_stop = s.with_kept_copies(s.result.owned_at_stop);
+    std::sort(s.result.owned_at_stop.begin(), s.result.owned_at_stop.end());
+    s.write_owned_file(s.result.owned_at_stop);
     s.result.caught_up = s.reached;
     s.work.reset();
     s.completions.join();
