@@ -111,6 +111,14 @@ int publish(const arguments& a) {
     auto r = jetstream::publish(o);
     print_summary(a, o, r);
     print(result_json(r));
+    if (r.too_large != 0 && !a.flag("skip-too-large")) {
+        // Counted and named above, but an event left out of the stream is not a success.
+        std::fprintf(stderr,
+                     "publish: %s records not published (larger than the server's max payload): exit 2 "
+                     "(--skip-too-large leaves them out with exit 0)\n",
+                     with_commas(r.too_large).c_str());
+        return 2;
+    }
     return 0;
 }
 
@@ -144,7 +152,10 @@ command publish_command() {
           "record is stored"},
          {"replicas", "R", "a new stream's replicas (default 1)"},
          {"duplicates-window", "D", "a new stream's Duplicates window (default the server's, 2m)"},
-         {"max-pending", "N", "publishes awaiting their ack at most (default 1024)"}},
+         {"max-pending", "N", "publishes awaiting their ack at most (default 1024)"},
+         {"skip-too-large", "",
+          "records over the server's max payload (1 MiB by default) are named and left out, and the command exits 0 "
+          "(without it: the rest is published, then exit 2)"}},
         publish};
 }
 
