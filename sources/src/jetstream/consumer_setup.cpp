@@ -225,8 +225,8 @@ std::optional<std::uint64_t> next_matching(const connection& c, const std::strin
 
 std::string checkpoint_detail(const stream_state& s) { return "created=" + std::to_string(s.created); }
 
-void check_stream(const stream_state& now, std::uint64_t position, const std::string& detail,
-                  const source_options& o, bool accept) {
+std::string stream_change(const stream_state& now, std::uint64_t position, const std::string& detail,
+                          const source_options& o) {
     std::string why;
     if (detail != checkpoint_detail(now)) {
         why = "was deleted and created again (" + detail + " at the checkpoint, " + checkpoint_detail(now) + " now)";
@@ -242,6 +242,12 @@ void check_stream(const stream_state& now, std::uint64_t position, const std::st
                    "' takes cannot be told once they are gone)";
         }
     }
+    return why;
+}
+
+void check_stream(const stream_state& now, std::uint64_t position, const std::string& detail,
+                  const source_options& o, bool accept) {
+    const auto why = stream_change(now, position, detail, o);
     if (why.empty() || accept) return;
     throw_error(errc::stream_changed, "stream '" + o.stream + "' " + why +
                                           "; nothing was fetched. To take the stream as it is now, start again "

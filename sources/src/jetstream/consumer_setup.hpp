@@ -54,6 +54,11 @@ std::string checkpoint_detail(const stream_state& s);
 std::optional<std::uint64_t> next_matching(const connection& c, const std::string& stream, const std::string& filter,
                                            std::uint64_t after);
 
+/// Why the stream no longer holds everything after position that a consumer has not yet been
+/// given (recreated, purged or trimmed past it, or its last sequence below it), "" if it does.
+std::string stream_change(const stream_state& now, std::uint64_t position, const std::string& detail,
+                          const source_options& o);
+
 /// Checks a stored checkpoint (position and detail) against the stream now: throws
 /// errc::stream_changed when the stream went back behind it (recreated, or purged past it, or
 /// its last sequence below it), naming both, unless accept is set.

@@ -319,6 +319,7 @@ void partitioned_consumer::impl::start(std::uint32_t k, std::uint64_t revision, 
     so.filter_subject = prefix + "." + std::to_string(k) + ".>";
     so.checkpoint_name = checkpoint_source(o.source.stream, o.source.consumer) + ".p" + std::to_string(k);
     so.until_caught_up = false;
+    so.claim = false;  // the partition's lease fences it
     // A commit that failed for any reason closes the fence too (from its completion: a storage
     // failure is not seen inside the transaction that follows it).
     // The partition's run stops there too: every later commit would be refused, and each
