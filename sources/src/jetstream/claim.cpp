@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <thread>
 
 namespace idem::jetstream::detail {
 
@@ -87,7 +88,7 @@ consumer_claim::consumer_claim(const connection& c, const std::string& stream, c
             kvStatus_Destroy(st);
         }
     }
-    auto other = take();
+    auto other = take(std::chrono::seconds(30));
     if (!other.empty()) {
         kvStore_Destroy(kv_);
         kv_ = nullptr;
@@ -105,9 +106,16 @@ consumer_claim::~consumer_claim() {
     if (kv_ != nullptr) kvStore_Destroy(kv_);
 }
 
-std::string consumer_claim::take() {
-    const auto sent = std::chrono::steady_clock::now();
-    for (int attempt = 0; attempt < 3; ++attempt) {
+std::string consumer_claim::take(std::chrono::seconds patience) {
+    const auto give_up = std::chrono::steady_clock::now() + patience;
+    // A cluster that has just started, or lost a node, lets requests time out for a while.
+    auto wait_or_throw = [&](natsStatus s, const std::string& what) {
+        if (s != NATS_TIMEOUT || std::chrono::steady_clock::now() >= give_up) throw_nats(s, what);
+        std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    };
+    const auto reading = "reading the claim of " + name_ + " in the KV bucket '" + bucket_name + "'";
+    for (int moved = 0; moved < 3;) {
+        const auto sent = std::chrono::steady_clock::now();
         kvEntry* e = nullptr;
         auto s = kvStore_Get(&e, kv_, key_.c_str());
         std::uint64_t seen = 0;
@@ -117,7 +125,8 @@ std::string consumer_claim::take() {
             value.assign(static_cast<const char*>(kvEntry_Value(e)), static_cast<std::size_t>(kvEntry_ValueLen(e)));
             kvEntry_Destroy(e);
         } else if (s != NATS_NOT_FOUND) {
-            throw_nats(s, "reading the claim of " + name_ + " in the KV bucket '" + bucket_name + "'");
+            wait_or_throw(s, reading);
+            continue;
         }
         if (!value.empty() && value != "-" && identity_of(value) != identity_) return value;
         std::uint64_t rev = 0;
@@ -128,8 +137,11 @@ std::string consumer_claim::take() {
             held_until_.store(ticks(sent + ttl_ - ttl_ / 5));
             return "";
         }
-        if (!kv_conflict(s)) throw_nats(s, "taking the claim of " + name_ + " in the KV bucket '" + bucket_name + "'");
-        // Moved meanwhile (taken, released, expired): read it again.
+        if (kv_conflict(s)) {
+            ++moved;  // taken, released or expired meanwhile: read it again
+        } else {
+            wait_or_throw(s, "taking the claim of " + name_ + " in the KV bucket '" + bucket_name + "'");
+        }
     }
     kvEntry* e = nullptr;
     std::string value = "another store";
@@ -151,7 +163,7 @@ std::string consumer_claim::renew() {
     }
     if (!kv_conflict(s)) throw_nats(s, "renewing the claim of " + name_ + " in the KV bucket '" + bucket_name + "'");
     // Expired (no renewal reached the broker in time, or a lost answer): ours again if free.
-    auto other = take();
+    auto other = take(std::chrono::seconds(0));  // the next renewal tries again
     return other.empty() ? other : describe(other);
 }
 

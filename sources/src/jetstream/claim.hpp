@@ -49,8 +49,8 @@ public:
 
 private:
     // Takes the claim if it is free, expired or an earlier run of this store's; returns "" when
-    // taken, else the holder's text.
-    std::string take();
+    // taken, else the holder's text. Requests that time out are tried again for patience.
+    std::string take(std::chrono::seconds patience);
     kvStore* kv_ = nullptr;
     std::string key_;
     std::string name_;  // "consumer 'C' of stream 'S'", for messages
