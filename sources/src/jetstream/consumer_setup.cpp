@@ -87,6 +87,8 @@ void check_matches(const jsConsumerInfo& ci, const consumer_config& have, const 
 
 }  // namespace
 
+consumer_config settings_of(const jsConsumerInfo& ci) { return config_of(*ci.Config); }
+
 std::chrono::nanoseconds consumer_config::wait_after(std::int64_t k) const {
     if (backoff.empty()) return ack_wait;
     auto i = static_cast<std::size_t>(std::max<std::int64_t>(k - 1, 0));

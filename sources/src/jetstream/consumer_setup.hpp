@@ -31,6 +31,9 @@ struct consumer_config {
 /// settings give matches it; returns its configuration.
 consumer_config ensure_consumer(const connection& c, const source_options& o);
 
+/// The configuration of a consumer as the server reported it, in idem's units.
+consumer_config settings_of(const jsConsumerInfo& ci);
+
 /// Returns the redelivery bound of a consumer with the source's nak delay, or throws
 /// errc::invalid_argument when it is unbounded (max_deliver -1) and no explicit bound is given.
 redelivery_bound bound_of(const consumer_config& cc, const source_options& o);

@@ -501,9 +501,7 @@ void source::impl::refresh_settings() {
     try {
         auto ci = detail::consumer_info(*conn, o.stream, o.consumer);
         if (!ci) return;
-        source_options now = o;
-        now.settings = {};
-        auto have = detail::ensure_consumer(*conn, now);
+        auto have = detail::settings_of(*ci);
         auto b = detail::bound_of(have, o);
         std::scoped_lock lock{m};
         cc = std::move(have);
