@@ -76,7 +76,8 @@ def main():
         log = os.path.join(cluster.dir, "o.jsonl")
         run(idem, "gen", "--out", log, "--domain", "orders", "--events", a.events, "--aggregates",
             max(100, a.events // 50), "--seed", 7)
-        published = json.loads(run(idem, "publish", "--nats", cluster.urls, "--stream", "ORD", "--subject", "orders.>",
+        published = json.loads(run(idem, "publish", "--skip-too-large",
+                                   "--nats", cluster.urls, "--stream", "ORD", "--subject", "orders.>",
                                    "--log", log, "--replicas", 3))
         ref_db = os.path.join(cluster.dir, "ref")
         run(idem, "rebuild", "--db", ref_db, "--log", log)

@@ -87,7 +87,8 @@ class consume_case(unittest.TestCase):
     # --- idem ------------------------------------------------------------------------------
 
     def publish(self, log, stream="ORD", subject="orders.>", *extra, check=True):
-        p = run("publish", "--nats", self.ns.url, "--stream", stream, "--subject", subject, "--log", log, *extra,
+        p = run("publish", "--skip-too-large",
+                "--nats", self.ns.url, "--stream", stream, "--subject", subject, "--log", log, *extra,
                 check=check)
         return json.loads(p.stdout) if p.returncode == 0 else None
 

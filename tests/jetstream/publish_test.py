@@ -80,7 +80,8 @@ class publish_case(unittest.TestCase):
             return [l for l in f.read().split(b"\n") if l.strip()]
 
     def publish(self, log, stream="T", subject="trading.>", *extra, check=True):
-        p = run("publish", "--nats", self.ns.url, "--stream", stream, "--subject", subject, "--log", self.path(log),
+        p = run("publish", "--skip-too-large",
+                "--nats", self.ns.url, "--stream", stream, "--subject", subject, "--log", self.path(log),
                 *extra, check=check)
         return (json.loads(p.stdout) if p.returncode == 0 else None), p
 
@@ -257,12 +258,33 @@ class refusal_test(publish_case):
         self.assertIn(self.path("missing.jsonl"), p.stderr)
         self.assertIsNone(self.ns.stream_info("T"))  # checked before the stream is created
 
+    def test_a_record_over_the_servers_max_payload_is_named_and_the_publish_exits_2(self):
+        envelope = {"specversion": "1.0", "source": "t", "type": "order.placed", "subject": "o-1"}
+        small = [json.dumps({**envelope, "id": f"e{i}"}).encode() for i in range(5)]
+        big = json.dumps({**envelope, "id": "big", "data": {"pad": "x" * (self.ns.varz()["max_payload"] + 10)}})
+        log = self.path("a.jsonl")
+        with open(log, "wb") as f:
+            f.write(b"".join(l + b"\n" for l in small[:2] + [big.encode()] + small[2:]))
+        p = run("publish", "--nats", self.ns.url, "--stream", "BIG", "--subject", "big.>", "--log", log, check=False)
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertIn("a.jsonl line 3", p.stderr)
+        self.assertIn("1 records not published", p.stderr)
+        self.assertEqual(json.loads(p.stdout)["too_large"], 1)
+        info = self.ns.stream_info("BIG")
+        self.assertEqual([m["data"] for m in self.ns.messages("BIG", range(info["first_seq"], info["last_seq"] + 1))],
+                         small)
+        # Left out on purpose: exit 0, still named.
+        p = run("publish", "--nats", self.ns.url, "--stream", "BIG", "--subject", "big.>", "--log", log,
+                "--skip-too-large")
+        self.assertIn("a.jsonl line 3", p.stderr)
+        self.assertEqual(self.ns.stream_info("BIG")["last_seq"], info["last_seq"])  # the window dropped the rest
+
 
 class broker_restart_test(publish_case):
     def test_a_broker_killed_mid_publish_loses_and_doubles_nothing(self):
         lines = self.gen("a.jsonl", events=40000, malformed=0)
         expected, _, too_large = reference(lines, self.ns.varz()["max_payload"])
-        proc = subprocess.Popen([idem_cli.IDEM, "publish", "--nats", self.ns.url, "--stream", "T",
+        proc = subprocess.Popen([idem_cli.IDEM, "publish", "--skip-too-large", "--nats", self.ns.url, "--stream", "T",
                                  "--subject", "trading.>", "--log", self.path("a.jsonl"), "--max-pending", "256"],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 

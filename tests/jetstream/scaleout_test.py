@@ -125,7 +125,8 @@ class scaleout_case(unittest.TestCase):
         return rows
 
     def publish(self, log):
-        return json.loads(run("publish", "--nats", self.cluster.urls, "--stream", "ORD", "--subject", "orders.>",
+        return json.loads(run("publish", "--skip-too-large",
+                              "--nats", self.cluster.urls, "--stream", "ORD", "--subject", "orders.>",
                               "--log", log, "--replicas", 3).stdout)
 
     def start(self, name, *extra, ttl="2s", env=None):
@@ -259,7 +260,8 @@ class partitioned_test(scaleout_case):
                 # While the stream elects a new leader a publish can fail; the producer publishes
                 # again (the same ids: the stream's window and idem's inbox make it harmless).
                 for attempt in range(10):
-                    p = run("publish", "--nats", self.cluster.urls, "--stream", "ORD", "--subject", "orders.>",
+                    p = run("publish", "--skip-too-large",
+                            "--nats", self.cluster.urls, "--stream", "ORD", "--subject", "orders.>",
                             "--log", self.path("part2.jsonl"), check=False)
                     if p.returncode == 0:
                         break
@@ -425,9 +427,18 @@ class caught_up_test(scaleout_case):
         # nothing and their dumps still show the copies they kept.
         for n in names:
             self.start(n, "--until-caught-up")
+        kept = []
         for n in names:
             self.procs[n].wait(120)
             self.assertEqual(self.procs[n].returncode, 0)
+            # Its result lists the copies it kept, as its DIR/owned does.
+            with open(self.procs[n].err_path[:-4] + ".out") as f:
+                again = json.loads(f.read())
+            with open(self.path(os.path.join(n, "owned"))) as f:
+                listed = sorted(int(x) for x in f.read().split())
+            self.assertEqual(sorted(again["owned_at_stop"]), listed, n)
+            kept += listed
+        self.assertEqual(sorted(kept), list(range(PARTITIONS)))
         self.assertEqual(self.union(names + ["d"]), ref)
 
     def test_a_partition_whose_last_owner_stopped_short_of_its_last_sequence_is_taken_and_replayed(self):
@@ -558,7 +569,8 @@ class subject_template_test(scaleout_case):
         with open(self.path("t.jsonl"), "w") as f:
             for e in events:
                 f.write(json.dumps(e) + "\n")
-        r = json.loads(run("publish", "--nats", self.cluster.urls, "--stream", "ORD", "--subject", "orders.>",
+        r = json.loads(run("publish", "--skip-too-large",
+                           "--nats", self.cluster.urls, "--stream", "ORD", "--subject", "orders.>",
                            "--subject-template", "orders.{subject}", "--log", self.path("t.jsonl"),
                            "--replicas", 3).stdout)
         self.assertEqual(r["stored"], len(events))
@@ -599,7 +611,8 @@ class subject_template_test(scaleout_case):
         self.gen("o.jsonl", 20, 2)
         for template, why in (("payments.{subject}", "does not capture"), ("orders.x", "no '{subject}'"),
                               ("orders.k-{subject}", "outside a whole"), ("orders.*", "wildcard")):
-            p = run("publish", "--nats", self.cluster.urls, "--stream", "T", "--subject", "orders.>",
+            p = run("publish", "--skip-too-large",
+                    "--nats", self.cluster.urls, "--stream", "T", "--subject", "orders.>",
                     "--subject-template", template, "--log", self.path("o.jsonl"), check=False)
             self.assertNotEqual(p.returncode, 0, template)
             self.assertIn(f"subject template '{template}'", p.stderr)
@@ -646,7 +659,8 @@ class forming_cluster_test(unittest.TestCase):
 class refusal_test(scaleout_case):
     def test_a_stream_that_is_not_prefix_wildcard_is_refused_naming_it(self):
         report = self.gen("o.jsonl", 50, 5)
-        run("publish", "--nats", self.cluster.urls, "--stream", "FLAT", "--subject", "flat.*", "--log",
+        run("publish", "--skip-too-large",
+            "--nats", self.cluster.urls, "--stream", "FLAT", "--subject", "flat.*", "--log",
             self.path("o.jsonl"))
         p = run("consume", "--db", self.path("x"), "--nats", self.cluster.urls, "--stream", "FLAT", "--consumer", "g",
                 "--partitions", 2, check=False)

@@ -87,6 +87,8 @@ void check_matches(const jsConsumerInfo& ci, const consumer_config& have, const 
 
 }  // namespace
 
+consumer_config settings_of(const jsConsumerInfo& ci) { return config_of(*ci.Config); }
+
 std::chrono::nanoseconds consumer_config::wait_after(std::int64_t k) const {
     if (backoff.empty()) return ack_wait;
     auto i = static_cast<std::size_t>(std::max<std::int64_t>(k - 1, 0));
@@ -225,8 +227,8 @@ std::optional<std::uint64_t> next_matching(const connection& c, const std::strin
 
 std::string checkpoint_detail(const stream_state& s) { return "created=" + std::to_string(s.created); }
 
-void check_stream(const stream_state& now, std::uint64_t position, const std::string& detail,
-                  const source_options& o, bool accept) {
+std::string stream_change(const stream_state& now, std::uint64_t position, const std::string& detail,
+                          const source_options& o) {
     std::string why;
     if (detail != checkpoint_detail(now)) {
         why = "was deleted and created again (" + detail + " at the checkpoint, " + checkpoint_detail(now) + " now)";
@@ -242,6 +244,12 @@ void check_stream(const stream_state& now, std::uint64_t position, const std::st
                    "' takes cannot be told once they are gone)";
         }
     }
+    return why;
+}
+
+void check_stream(const stream_state& now, std::uint64_t position, const std::string& detail,
+                  const source_options& o, bool accept) {
+    const auto why = stream_change(now, position, detail, o);
     if (why.empty() || accept) return;
     throw_error(errc::stream_changed, "stream '" + o.stream + "' " + why +
                                           "; nothing was fetched. To take the stream as it is now, start again "

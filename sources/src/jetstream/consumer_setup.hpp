@@ -31,6 +31,9 @@ struct consumer_config {
 /// settings give matches it; returns its configuration.
 consumer_config ensure_consumer(const connection& c, const source_options& o);
 
+/// The configuration of a consumer as the server reported it, in idem's units.
+consumer_config settings_of(const jsConsumerInfo& ci);
+
 /// Returns the redelivery bound of a consumer with the source's nak delay, or throws
 /// errc::invalid_argument when it is unbounded (max_deliver -1) and no explicit bound is given.
 redelivery_bound bound_of(const consumer_config& cc, const source_options& o);
@@ -53,6 +56,11 @@ std::string checkpoint_detail(const stream_state& s);
 /// with that filter would deliver next. Deleted messages and other subjects are skipped.
 std::optional<std::uint64_t> next_matching(const connection& c, const std::string& stream, const std::string& filter,
                                            std::uint64_t after);
+
+/// Why the stream no longer holds everything after position that a consumer has not yet been
+/// given (recreated, purged or trimmed past it, or its last sequence below it), "" if it does.
+std::string stream_change(const stream_state& now, std::uint64_t position, const std::string& detail,
+                          const source_options& o);
 
 /// Checks a stored checkpoint (position and detail) against the stream now: throws
 /// errc::stream_changed when the stream went back behind it (recreated, or purged past it, or

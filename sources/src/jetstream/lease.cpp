@@ -5,7 +5,9 @@
 #include <idem/sources/jetstream_partitions.hpp>
 #include <idem/storage/error.hpp>
 
+#include <chrono>
 #include <charconv>
+#include <string>
 
 namespace idem::jetstream::detail {
 
@@ -17,12 +19,7 @@ std::string lease_value(const std::string& instance, std::uint64_t checkpoint) {
     return instance + " " + std::to_string(checkpoint);
 }
 
-// Whether a failed conditional write means "not ours / not free" rather than a lost broker:
-// the server answers a wrong last revision with an error, a lost connection times out.
-bool conflict(natsStatus s) {
-    return s != NATS_TIMEOUT && s != NATS_NO_RESPONDERS && s != NATS_CONNECTION_CLOSED &&
-           s != NATS_CONNECTION_DISCONNECTED && s != NATS_NO_SERVER && s != NATS_IO_ERROR;
-}
+bool conflict(natsStatus s) { return kv_conflict(s); }
 
 void check_name(const std::string& what, const std::string& name) {
     if (name.empty()) throw_error(errc::invalid_argument, what + " is empty");
@@ -37,6 +34,27 @@ void check_name(const std::string& what, const std::string& name) {
 
 }  // namespace
 
+// The server answers a wrong last revision with an error, a lost connection times out.
+bool kv_conflict(natsStatus s) {
+    return s != NATS_TIMEOUT && s != NATS_NO_RESPONDERS && s != NATS_CONNECTION_CLOSED &&
+           s != NATS_CONNECTION_DISCONNECTED && s != NATS_NO_SERVER && s != NATS_IO_ERROR;
+}
+
+// A cluster that has just started (or is electing a leader) may let the first requests time
+// out; a creation whose answer was lost may have happened: look again before creating.
+bool open_or_create_bucket(kvStore** kv, jsCtx* js, kvConfig& cfg) {
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    for (;;) {
+        if (js_KeyValue(kv, js, cfg.Bucket) == NATS_OK) return true;
+        auto s = js_CreateKeyValue(kv, js, &cfg);
+        if (s == NATS_OK) return false;
+        if (s != NATS_TIMEOUT || std::chrono::steady_clock::now() > give_up) {
+            throw_nats(s, "creating the bucket '" + std::string(cfg.Bucket) + "'");
+        }
+        *kv = nullptr;
+    }
+}
+
 lease_bucket::lease_bucket(const connection& c, const std::string& consumer, std::chrono::milliseconds ttl,
                            int replicas)
     : js_(c.js()), name_(idem::jetstream::lease_bucket(consumer)), ttl_(ttl) {
@@ -48,21 +66,7 @@ lease_bucket::lease_bucket(const connection& c, const std::string& consumer, std
     cfg.TTL = std::chrono::duration_cast<std::chrono::nanoseconds>(ttl).count();
     cfg.Replicas = replicas;
     cfg.StorageType = js_FileStorage;
-    // A cluster that has just started (or is electing a leader) may let the first requests time
-    // out; a creation whose answer was lost may have happened: look again before creating.
-    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    auto open_or_create = [&](kvStore** kv, const std::string& name) {
-        for (;;) {
-            if (js_KeyValue(kv, c.js(), name.c_str()) == NATS_OK) return true;
-            auto s = js_CreateKeyValue(kv, c.js(), &cfg);
-            if (s == NATS_OK) return false;
-            if (s != NATS_TIMEOUT || std::chrono::steady_clock::now() > give_up) {
-                throw_nats(s, "creating the bucket '" + name + "'");
-            }
-            *kv = nullptr;
-        }
-    };
-    if (open_or_create(&kv_, name_)) {
+    if (open_or_create_bucket(&kv_, c.js(), cfg)) {
         kvStatus* st = nullptr;
         if (kvStore_Status(&st, kv_) == NATS_OK) {
             ttl_ = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::nanoseconds(kvStatus_TTL(st)));
@@ -72,7 +76,7 @@ lease_bucket::lease_bucket(const connection& c, const std::string& consumer, std
     const auto kept_name = "idem-kept-" + consumer;
     cfg.Bucket = kept_name.c_str();
     cfg.TTL = 0;
-    (void)open_or_create(&kept_, kept_name);
+    (void)open_or_create_bucket(&kept_, c.js(), cfg);
 }
 
 lease_bucket::lease_bucket(const connection& c, const std::string& consumer)

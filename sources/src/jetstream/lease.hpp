@@ -23,6 +23,14 @@
 
 namespace idem::jetstream::detail {
 
+/// Whether a failed conditional KV write means "the key moved" (another revision: not ours, not
+/// free) rather than a lost broker.
+bool kv_conflict(natsStatus s);
+
+/// Opens the KV bucket cfg.Bucket, creating it with cfg if it is missing (timeouts of a cluster
+/// that has just started are retried for 30 s); returns whether it existed.
+bool open_or_create_bucket(kvStore** kv, jsCtx* js, kvConfig& cfg);
+
 /// A lease's content as read from the bucket.
 struct lease_entry {
     std::string instance;  ///< "" when free (released, or absent)

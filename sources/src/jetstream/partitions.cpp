@@ -319,6 +319,7 @@ void partitioned_consumer::impl::start(std::uint32_t k, std::uint64_t revision, 
     so.filter_subject = prefix + "." + std::to_string(k) + ".>";
     so.checkpoint_name = checkpoint_source(o.source.stream, o.source.consumer) + ".p" + std::to_string(k);
     so.until_caught_up = false;
+    so.claim = false;  // the partition's lease fences it
     // A commit that failed for any reason closes the fence too (from its completion: a storage
     // failure is not seen inside the transaction that follows it).
     // The partition's run stops there too: every later commit would be refused, and each
@@ -654,7 +655,10 @@ partitioned_result partitioned_consumer::run() {
             it = s.released.erase(it);
         }
     }
-    s.write_owned_file(s.with_kept_copies(s.result.owned_at_stop));  // held at the stop, and the kept copies
+    // Held at the stop, and the kept copies: what DIR/owned lists, the result says too.
+    s.result.owned_at_stop = s.with_kept_copies(s.result.owned_at_stop);
+    std::sort(s.result.owned_at_stop.begin(), s.result.owned_at_stop.end());
+    s.write_owned_file(s.result.owned_at_stop);
     s.result.caught_up = s.reached;
     s.work.reset();
     s.completions.join();

@@ -8,6 +8,7 @@
 #include <idem/sources/jetstream.hpp>
 
 #include "broker_watch.hpp"
+#include "claim.hpp"
 #include "connection.hpp"
 #include "consumer_setup.hpp"
 #include "pull.hpp"
@@ -28,6 +29,7 @@
 #include <iterator>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 #include <utility>
@@ -144,6 +146,10 @@ struct source::impl {
 
     std::string source_name;
     std::string detail;  // the stream's incarnation, stored with every checkpoint
+    std::unique_ptr<detail::consumer_claim> claim;  // while run() runs (claim set)
+    // The stream sequence the next first delivery should have (the fetching thread's): one
+    // past the highest message given to this run, or past the checkpoint.
+    std::uint64_t expected_next = 1;
 
     void complete(std::uint64_t token, std::error_code ec, const outcome& out);
     void fail(errc e, std::string text);
@@ -156,6 +162,10 @@ struct source::impl {
     void check_exhausted(engine& e);
     bool caught_up(std::uint64_t target);
     void check_health();
+    std::size_t cut_at_hole(const std::vector<natsMsg*>& msgs);
+    void renew_claim();
+    std::string waiting_for(std::uint64_t target);
+    void refresh_settings();
     // What the advisory subscription's callback reaches the run through. cnats may still be
     // running that callback on the subscription's own thread after it was unsubscribed, so
     // the gate is shared with the subscription, which lets it go once its last callback has
@@ -191,6 +201,8 @@ source::source(source_options options) : impl_(std::make_unique<impl>()) {
 source::~source() = default;
 
 const redelivery_bound& source::bound() const { return impl_->bound; }
+
+const source_result& source::result() const { return impl_->result; }
 
 void source::stop() noexcept {
     impl_->stop_requested = true;
@@ -237,7 +249,11 @@ void source::impl::complete(std::uint64_t token, std::error_code ec, const outco
     // server (the message comes again and is acked again), never an ack without its line.
     if (o.on_ack) o.on_ack(ev);
     natsStatus sent = NATS_OK;
-    if (!ec) {
+    if (!ec && claim && clock::now() >= claim->held_until()) {
+        // The claim may have expired, and another store may hold the consumer now: an ack could
+        // take the message from it. Committed here, the message comes again (a duplicate) to
+        // whichever store holds the claim once its AckWait runs out.
+    } else if (!ec) {
         sent = detail::ack(*conn, h.msg, o.ack_sync, std::chrono::seconds(5));
     } else {
         sent = detail::nak(*conn, h.msg, o.nak_delay);
@@ -378,6 +394,133 @@ bool source::impl::caught_up(std::uint64_t target) {
     }
 }
 
+// The index of the first message of a fetched list that lies past a hole, its size if none.
+// A first delivery beyond expected_next skipped sequences; the stream's own state must explain
+// them (other subjects than the filter, or messages still to be redelivered). One it does not
+// (the stream now starts past expected_next: purged or trimmed before they were given to this
+// run; or it was recreated, or ends before them) stops the run as the start-up check does.
+std::size_t source::impl::cut_at_hole(const std::vector<natsMsg*>& msgs) {
+    auto next = expected_next;
+    auto before_jump = next;
+    std::optional<std::size_t> jump;
+    for (std::size_t i = 0; i < msgs.size(); ++i) {
+        meta_ptr meta;
+        if (natsMsg_GetMetaData(&meta.p, msgs[i]) != NATS_OK) continue;
+        const auto seq = meta.p->Sequence.Stream;
+        if (seq > next && !jump) {
+            jump = i;
+            before_jump = next;
+        }
+        next = std::max(next, seq + 1);
+    }
+    if (!jump || o.accept_stream_reset) {
+        expected_next = next;
+        return msgs.size();
+    }
+    detail::stream_state now;
+    try {
+        now = detail::read_stream(*conn, o.stream);
+    } catch (const std::system_error&) {
+        // The broker is away: the skipped sequences cannot be judged now. The messages from the
+        // jump on are offered again (nak'd) and judged when they come back.
+        expected_next = before_jump;
+        return *jump;
+    }
+    const auto given = before_jump - 1;  // the highest sequence given to the run before the jump
+    // The messages just delivered exist: a cluster's answer that ends before them comes from a
+    // replica that lags (a recreated stream shows in its creation time). And that answer may be
+    // briefly off while the stream changes leader: a hole is believed when the stream still
+    // shows it twice more, half a second apart (a removal stays).
+    auto judge = [&] {
+        auto seen = now;
+        seen.last_sequence = std::max(seen.last_sequence, next - 1);
+        return detail::stream_change(seen, given, detail, o);
+    };
+    auto why = judge();
+    for (int look = 0; look < 2 && !why.empty(); ++look) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(500));
+        try {
+            now = detail::read_stream(*conn, o.stream);
+        } catch (const std::system_error&) {
+            expected_next = before_jump;
+            return *jump;
+        }
+        why = judge();
+    }
+    if (why.empty()) {
+        expected_next = next;
+        return msgs.size();
+    }
+    meta_ptr meta;
+    std::uint64_t at = 0;
+    if (natsMsg_GetMetaData(&meta.p, msgs[*jump]) == NATS_OK) at = meta.p->Sequence.Stream;
+    std::scoped_lock lock{m};
+    fail(errc::stream_changed,
+         "stream '" + o.stream + "' changed while consumer '" + o.consumer + "' consumed it: it " + why +
+             " (the run had been given the messages up to sequence " + std::to_string(given) + ", then sequence " +
+             std::to_string(at) + " came); sequence " + std::to_string(at) +
+             " and what follows were not applied, and the run stopped. To take the stream as it is now, start "
+             "again with --accept-stream-reset");
+    return *jump;
+}
+
+// Renews this store's claim on the consumer; one another store took over stops the run.
+void source::impl::renew_claim() {
+    std::string other;
+    try {
+        other = claim->renew();
+    } catch (const std::system_error&) {
+        return;  // the broker is away: no ack leaves once the claim may have expired
+    }
+    if (other.empty()) return;
+    std::scoped_lock lock{m};
+    fail(errc::lease_lost, "consumer '" + o.consumer + "' of stream '" + o.stream + "' was claimed by " + other +
+                               " while this run held it (no renewal reached the broker within the claim's time); "
+                               "this run stopped, and what it committed without an ack comes to that store too");
+}
+
+// What an until_caught_up run waits for, read from the broker now.
+std::string source::impl::waiting_for(std::uint64_t target) {
+    std::string text = "consumer '" + o.consumer + "' of stream '" + o.stream +
+                       "' to have acknowledged up to sequence " + std::to_string(target) +
+                       ", the stream's last when the run began";
+    try {
+        auto ci = detail::consumer_info(*conn, o.stream, o.consumer);
+        auto now = detail::read_stream(*conn, o.stream);
+        if (ci) {
+            const auto unacked = static_cast<std::uint64_t>(ci->NumAckPending);
+            text += ": its ack floor is " + std::to_string(ci->AckFloor.Stream) + ", " + std::to_string(unacked) +
+                    (unacked == 1 ? " message waits" : " messages wait") +
+                    " for an ack (redelivered once its AckWait runs out), " + std::to_string(ci->NumPending) +
+                    " still to be delivered";
+        }
+        text += "; the stream's last sequence is now " + std::to_string(now.last_sequence);
+        if (now.last_sequence < target) {
+            text += ", below that: the stream lost messages after the run began (its replicas disagree, or it "
+                    "was purged)";
+        }
+    } catch (const std::system_error& err) {
+        text += " (" + std::string(err.what()) + ")";
+    }
+    return text;
+}
+
+// The consumer's settings read again (changed on purpose while the run ran): what the run's
+// summary reports.
+void source::impl::refresh_settings() {
+    try {
+        auto ci = detail::consumer_info(*conn, o.stream, o.consumer);
+        if (!ci) return;
+        auto have = detail::settings_of(*ci);
+        auto b = detail::bound_of(have, o);
+        std::scoped_lock lock{m};
+        cc = std::move(have);
+        bound = std::move(b);
+    } catch (const std::system_error&) {
+        // No broker, or a bound it no longer gives: the one read at the start stays.
+    }
+}
+
 source_result source::run(engine& e) {
     auto& s = *impl_;
     const auto started = clock::now();
@@ -416,13 +559,35 @@ source_result source::run(engine& e) {
         }
         std::filesystem::remove(record);
     }
+    s.result = {};
     auto now = s.watch->retry([&] { return detail::read_stream(*s.conn, s.o.stream); });
     s.detail = detail::checkpoint_detail(now);
     std::uint64_t position = 0;
+    bool stored_checkpoint = false;
     if (auto stored = e.read().checkpoint_value(e.options().store.consumer, s.source_name); stored && stored->size() >= 8) {
         position = decode_position(*stored);
+        stored_checkpoint = true;
         detail::check_stream(now, position, stored->substr(8), s.o, s.o.accept_stream_reset);
     }
+    // A store without a checkpoint takes the stream from where it starts now.
+    s.expected_next = std::max<std::uint64_t>({stored_checkpoint ? position + 1 : now.first_sequence,
+                                               s.o.start_sequence, 1});
+    s.result.last_sequence = position;  // what a run refused from here on reports
+    // This store's claim on the consumer, before anything that the consumer's state decides.
+    s.claim.reset();
+    if (s.o.claim) {
+        auto si = detail::stream_info(*s.conn, s.o.stream);
+        const int replicas = si ? std::max(1, static_cast<int>(si->Config->Replicas)) : 1;
+        s.claim = std::make_unique<detail::consumer_claim>(*s.conn, s.o.stream, s.o.consumer, e.options().store.path,
+                                                           s.o.claim_ttl, replicas);
+    }
+    struct claim_release {
+        impl& s;
+        ~claim_release() {
+            if (s.claim) s.claim->release();
+            s.claim.reset();
+        }
+    } release_claim_at_end{s};
     // Every ack follows the commit that raised the checkpoint past its message, so the
     // consumer's ack floor is never ahead of this store's checkpoint, unless the consumer
     // acked for another store (a new one, or this one restored from an older copy): the
@@ -542,13 +707,30 @@ source_result source::run(engine& e) {
             gate->target = nullptr;  // a callback still running on cnats' thread no longer reaches s
         }
         s.conn->release({advisories});
+        s.refresh_settings();
+        std::scoped_lock result_lock{s.m};
+        s.result.disconnects = s.conn->events().disconnects.load();
+        s.result.broker_outages = s.watch->outages();
+        s.result.elapsed = clock::now() - started;
     };
 
+    // --until-caught-up waits this long, connected and with nothing delivered, then stops.
+    auto longest = s.cc.ack_wait;
+    for (auto d : s.cc.backoff) longest = std::max(longest, d);
+    const auto catch_up_limit = s.o.caught_up_wait.value_or(std::max<std::chrono::milliseconds>(
+        std::chrono::seconds(60), std::chrono::duration_cast<std::chrono::milliseconds>(2 * longest)));
     try {
         int failures = 0;
         auto next_health = clock::now() + health_interval;
         auto next_touch = clock::now();
+        auto next_claim = clock::now() + (s.claim ? s.claim->period() : std::chrono::milliseconds(0));
+        auto last_delivery = clock::now();  // or the last time the connection was down
+        auto next_waiting_note = clock::now();
         for (;;) {
+            if (s.claim && clock::now() >= next_claim) {
+                s.renew_claim();
+                next_claim = clock::now() + s.claim->period();
+            }
             std::size_t room = 0;
             {
                 std::unique_lock lock{s.m};
@@ -601,6 +783,21 @@ source_result source::run(engine& e) {
                 }
                 // Idle: is the run done, and is the consumer still there?
                 if (s.o.until_caught_up && s.caught_up(target)) break;
+                if (natsConnection_Status(s.conn->nc()) != NATS_CONN_STATUS_CONNECTED) last_delivery = clock::now();
+                if (s.o.until_caught_up && clock::now() - last_delivery > catch_up_limit) {
+                    const auto what = s.waiting_for(target);
+                    std::scoped_lock lock{s.m};
+                    s.fail(what.find("below that") != std::string::npos ? errc::stream_changed : errc::broker_failed,
+                           "--until-caught-up waited " + format_duration(catch_up_limit) +
+                               " with nothing delivered for " + what +
+                               "; the run stopped without catching up (--caught-up-wait sets how long it waits)");
+                    break;
+                }
+                if (s.o.until_caught_up && clock::now() >= next_waiting_note &&
+                    clock::now() - last_delivery > std::chrono::seconds(2)) {
+                    if (s.o.on_waiting) s.o.on_waiting("waiting for " + s.waiting_for(target));
+                    next_waiting_note = clock::now() + health_interval;
+                }
                 s.check_exhausted(e);
                 if (clock::now() >= next_health) {
                     if (natsConnection_Status(s.conn->nc()) == NATS_CONN_STATUS_CONNECTED) {
@@ -616,9 +813,15 @@ source_result source::run(engine& e) {
                 continue;
             }
             failures = 0;
-            for (auto*& owned : list.msgs) {
-                natsMsg* msg = owned;
-                owned = nullptr;  // owned here now
+            last_delivery = clock::now();
+            const auto cut = s.cut_at_hole(list.msgs);
+            for (auto i = cut; i < list.msgs.size(); ++i) {
+                // Past a hole: not applied; offered again to the run that goes on (a reset accepted).
+                (void)detail::nak(*s.conn, list.msgs[i], std::chrono::milliseconds(0));
+            }
+            for (std::size_t i = 0; i < cut; ++i) {
+                natsMsg* msg = list.msgs[i];
+                list.msgs[i] = nullptr;  // owned here now
                 // Metadata and headers are read on this thread, before anyone else sees the message.
                 meta_ptr meta;
                 impl::held h;
@@ -667,9 +870,6 @@ source_result source::run(engine& e) {
     record_exhausted(record);
     std::scoped_lock lock{s.m};
     if (s.fatal) throw std::system_error(s.fatal, s.fatal_text);
-    s.result.disconnects = s.conn->events().disconnects.load();
-    s.result.broker_outages = s.watch->outages();
-    s.result.elapsed = clock::now() - started;
     return s.result;
 }
 

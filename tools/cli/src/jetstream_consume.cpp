@@ -58,7 +58,7 @@ void write_ack(audit_file& audit, const jetstream::ack_event& ev, std::uint64_t 
     audit.write_line(std::move(line));
 }
 
-std::string result_json(const jetstream::source_result& r, const redelivery_bound& bound) {
+std::string result_json(const jetstream::source_result& r, const redelivery_bound& bound, const std::string& error) {
     std::string out;
     json_writer w{out};
     const double s = std::max(seconds(r.elapsed), 1e-9);
@@ -75,7 +75,9 @@ std::string result_json(const jetstream::source_result& r, const redelivery_boun
     w.field("messages_per_second", std::uint64_t(double(r.fetched) / s));
     w.key("outcomes").begin_object();
     for (std::size_t i = 0; i < outcome_kinds; ++i) w.field(to_string(static_cast<outcome_kind>(i)), r.outcomes[i]);
-    w.end_object().end_object();
+    w.end_object();
+    if (!error.empty()) w.field("error", error);  // the run stopped on it (exit 2)
+    w.end_object();
     return out + "\n";
 }
 
@@ -110,6 +112,10 @@ std::vector<option> jetstream_consume_options() {
          "with --nats: stop once everything up to the stream's last sequence at the start is acked; with "
          "--partitions, once every partition has an owner whose checkpoint reached that partition's last sequence "
          "at the start (or had one that stopped there)"},
+        {"caught-up-wait", "D",
+         "with --until-caught-up: how long to wait, connected and with nothing delivered, for the consumer to get "
+         "there before stopping with exit 2 (default twice the longest AckWait or BackOff delay, at least 60s); "
+         "what it waits for is printed every 5 s"},
         {"ack-log", "FILE", "with --nats: append one JSON line per ack or nak as it is sent (an audit)"},
         {"broker-outage-limit", "D",
          "with --nats: how long the broker may be out of reach (disconnected, refusing connections, its requests "
@@ -151,6 +157,10 @@ void fill_source_options(const arguments& a, jetstream::source_options& so) {
     so.accept_stream_reset = a.flag("accept-stream-reset");
     so.accept_exhausted = a.flag("accept-exhausted");
     so.until_caught_up = a.flag("until-caught-up");
+    if (auto d = duration_option(a, "caught-up-wait")) {
+        if (!so.until_caught_up) throw usage_error("option '--caught-up-wait' needs --until-caught-up");
+        so.caught_up_wait = std::chrono::duration_cast<std::chrono::milliseconds>(*d);
+    }
     so.stop = &stop_requested;
     if (auto d = duration_option(a, "broker-outage-limit")) {
         if (d->count() <= 0) throw usage_error("option '--broker-outage-limit': must be longer than 0");
@@ -197,6 +207,7 @@ int consume_one(const tool_context& t, const arguments& a) {
     if (auto p = a.get("ack-log")) audit.emplace(*p, "ack-log");
     engine* applying = nullptr;  // set once the engine exists, before anything is acked
     if (audit) so.on_ack = [&](const jetstream::ack_event& ev) { write_ack(*audit, ev, applying->durable_commit()); };
+    so.on_waiting = [](const std::string& what) { std::fprintf(stderr, "consume: %s\n", what.c_str()); };
     stop_signals signals;
 
     jetstream::source src{so};
@@ -231,14 +242,25 @@ int consume_one(const tool_context& t, const arguments& a) {
     engine e{io.get_executor(), eo};
     e.add_projections(t.setup);
     applying = &e;
-    auto r = src.run(e);
+    // A run that stops on an error prints its summary too, then the error (exit 2).
+    jetstream::source_result r;
+    std::exception_ptr failed;
+    std::string error;
+    try {
+        r = src.run(e);
+    } catch (const std::exception& err) {
+        failed = std::current_exception();
+        error = err.what();
+        r = src.result();
+    }
     e.async_stop(boost::asio::use_future).get();
     std::fprintf(stderr, "consumed stream '%s' into %s: %s messages in %.2f s, %s acked, %s nak'd, %s redelivered; "
                  "checkpoint at sequence %s\n",
                  so.stream.c_str(), db.string().c_str(), with_commas(r.fetched).c_str(), seconds(r.elapsed),
                  with_commas(r.acked).c_str(), with_commas(r.nakked).c_str(), with_commas(r.redelivered).c_str(),
                  with_commas(r.last_sequence).c_str());
-    print(result_json(r, src.bound()));
+    print(result_json(r, src.bound(), error));
+    if (failed) std::rethrow_exception(failed);
     return 0;
 }
 

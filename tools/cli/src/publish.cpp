@@ -114,6 +114,14 @@ int publish(const arguments& a) {
     auto r = jetstream::publish(o);
     print_summary(a, o, r);
     print(result_json(r));
+    if (r.too_large != 0 && !a.flag("skip-too-large")) {
+        // Counted and named above, but an event left out of the stream is not a success.
+        std::fprintf(stderr,
+                     "publish: %s records not published (larger than the server's max payload): exit 2 "
+                     "(--skip-too-large leaves them out with exit 0)\n",
+                     with_commas(r.too_large).c_str());
+        return 2;
+    }
     return 0;
 }
 
@@ -150,7 +158,10 @@ command publish_command() {
          {"max-pending", "N", "publishes awaiting their ack at most (default 1024)"},
          {"broker-outage-limit", "D",
           "how long the stream's set-up, and each failing message, is retried while the broker or its cluster is "
-          "out of reach or still forming (timeouts, no responders, no leader) before exit 2 (default 60s)"}},
+          "out of reach or still forming (timeouts, no responders, no leader) before exit 2 (default 60s)"},
+         {"skip-too-large", "",
+          "records over the server's max payload (1 MiB by default) are named and left out, and the command exits 0 "
+          "(without it: the rest is published, then exit 2)"}},
         publish};
 }
 

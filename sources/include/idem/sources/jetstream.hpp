@@ -101,6 +101,22 @@ struct source_options {
     bool accept_exhausted = false;
     /// Stop once the checkpoint has reached the stream's last sequence as it was when run() began.
     bool until_caught_up = false;
+    /// With until_caught_up: how long the run waits, connected and with nothing delivered, for the
+    /// consumer to reach that sequence before it stops with an error naming what it waited for
+    /// (unset: twice the consumer's longest redelivery wait, AckWait or BackOff delay, and at
+    /// least 60 s). A stream whose replicas disagree may never let it get there.
+    std::optional<std::chrono::milliseconds> caught_up_wait{};
+    /// With until_caught_up: told what the run waits for, every 5 s while nothing is delivered
+    /// and it has not caught up (on the run's thread).
+    std::function<void(const std::string&)> on_waiting{};
+    /// Claim the durable consumer for this store while run() runs: a key in the KV bucket
+    /// "idem-claims", renewed every quarter of claim_ttl, given up when run() returns; a second
+    /// store on the same consumer is refused, naming the holder, and no ack is sent once the
+    /// claim may have expired. Off for a partition, whose lease fences it.
+    bool claim = true;
+    /// How long a claim outlives its last renewal (a killed holder's): the bucket's TTL when it
+    /// creates the bucket; an existing bucket keeps its own.
+    std::chrono::milliseconds claim_ttl{10000};
     const std::atomic<bool>* stop = nullptr;  ///< checked between fetches: stops after the batch in hand, acked
     /// Called for every ack and nak just before it is sent, on the engine's executor.
     std::function<void(const ack_event&)> on_ack{};
@@ -139,17 +155,27 @@ public:
     source& operator=(const source&) = delete;
 
     /// How long after its first delivery a message may be delivered again, from the consumer's
-    /// settings (AckWait x MaxDeliver, or the BackOff delays, plus the naks' delays).
+    /// settings (AckWait x MaxDeliver, or the BackOff delays, plus the naks' delays), as read at
+    /// construction and again when run() ends (the consumer may have been changed meanwhile).
     const redelivery_bound& bound() const;
 
     /// Fetches and applies until stop, until caught up, or a fatal error. Refuses an engine whose
     /// inbox retention is shorter than bound(); stops with errc::stream_changed when the stream
-    /// went back behind the stored checkpoint (unless accept_stream_reset), and with
+    /// went back behind the stored checkpoint (unless accept_stream_reset), at start or while it
+    /// runs (a delivery past a hole: the stream no longer holds what lies between the last
+    /// message given to this run and it; that delivery and the rest of its fetch are not
+    /// applied), and with
     /// errc::delivery_exhausted when a message reached max_deliver without a committed outcome;
     /// then it records the messages in the store's directory (exhausted_record()), and later
     /// runs refuse to start with errc::delivery_exhausted until accept_exhausted is set.
+    /// With claim set, refuses (errc::invalid_argument, naming the holder) a consumer another
+    /// store claims, and stops with errc::lease_lost if another store takes the claim over.
+    /// With until_caught_up, stops with an error once it waited caught_up_wait in vain.
     /// Everything handed to the engine is acked (or nak'd) before it returns.
     source_result run(engine& e);
+
+    /// What the last run() did: its result, also when it threw (what it did up to the error).
+    const source_result& result() const;
 
     /// Asks run() to stop after the batch in hand (thread-safe).
     void stop() noexcept;

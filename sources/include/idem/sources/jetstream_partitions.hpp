@@ -81,7 +81,7 @@ struct partitioned_result {
     std::uint64_t lost = 0;      ///< leases that expired or were taken over while held
     std::uint64_t given_up = 0;  ///< leases released (rebalancing, stop)
     std::uint64_t fetched = 0;   ///< messages fetched over all partition runs
-    std::vector<std::uint32_t> owned_at_stop;
+    std::vector<std::uint32_t> owned_at_stop;  ///< held at the stop, and copies kept before: as DIR/owned
     bool caught_up = false;  ///< stopped by until_caught_up (not by stop())
 };
 
