@@ -441,6 +441,39 @@ class caught_up_test(scaleout_case):
         self.assertEqual(sorted(kept), list(range(PARTITIONS)))
         self.assertEqual(self.union(names + ["d"]), ref)
 
+    def test_an_instance_restarted_within_its_killed_runs_leases_takes_them_before_it_stops(self):
+        # b alone reaches every partition's last sequence and is killed before it stops: its
+        # leases still name it, with those checkpoints, until their TTL runs out. Started again
+        # with the flag within that TTL, it must take them and list its copies, not stop at once
+        # with every partition in no dump.
+        report = self.gen("o.jsonl", 600, 20)
+        ref = self.reference(self.path("o.jsonl"), report["totals"])
+        self.publish(self.path("o.jsonl"))
+        total = self.cluster.stream_info("ORD")["state"]["messages"]
+
+        def leases_at_the_end():
+            acked = {(x["partition"], x["seq"]) for x in self.acks("b") if x.get("acked")}
+            if len(acked) < total:
+                return False
+            o = self.owners()
+            return len(o) == PARTITIONS and all(
+                v["instance"] == "b" and v["checkpoint"] >= max(s for p, s in acked if p == int(k))
+                for k, v in o.items())
+
+        self.start("b", ttl="8s")
+        wait_for(leases_at_the_end, 120, "b's leases to show every partition's last sequence")
+        self.stop("b", signal.SIGKILL)
+        self.start("b", "--until-caught-up", ttl="8s")
+        p = self.procs["b"]
+        p.wait(120)
+        with open(p.err_path, errors="replace") as f:
+            self.assertEqual(p.returncode, 0, f.read())
+        with open(p.err_path[:-4] + ".out") as f:
+            result = json.loads(f.read())
+        self.assertTrue(result["caught_up"], result)
+        self.assertEqual(result["owned_at_stop"], list(range(PARTITIONS)), result)
+        self.assertEqual(self.union(["b"]), ref)
+
     def test_a_partition_whose_last_owner_stopped_short_of_its_last_sequence_is_taken_and_replayed(self):
         # a consumes the first half and stops; the second half is published; b, started with the
         # flag, must take every partition that got new messages (a's kept checkpoints fall short)

@@ -558,11 +558,15 @@ void partitioned_consumer::impl::read_targets() {
 }
 
 // Whether every partition has an owner (or, given up on stop, a last owner that kept its copy)
-// whose published checkpoint reached the partition's target.
+// whose published checkpoint reached the partition's target. A lease that names this instance
+// while this run does not hold it (left by its earlier run, killed before it gave it up, or a
+// release that did not reach the broker) has no owner yet: this run takes it first, since a
+// copy it neither holds nor kept is in no dump, not even its own.
 bool partitioned_consumer::impl::caught_up() {
     for (std::uint32_t k = 0; k < o.partitions; ++k) {
         auto lease = leases->read(k);
         if (lease.instance.empty() && !lease.kept) return false;
+        if (lease.instance == o.instance && !held.contains(k)) return false;
         if (lease.checkpoint < targets[k]) return false;
     }
     return true;
