@@ -850,7 +850,7 @@ source_result source::run(engine& e) {
                     s.complete(token, ec, out);
                 });
             }
-            list.msgs.clear();
+            list.clear();  // destroys what was not taken: the messages past a hole, nak'd above
             if (s.o.until_caught_up) {
                 bool reached = false;
                 {
