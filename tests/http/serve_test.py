@@ -711,10 +711,12 @@ class descriptor_tests(serve_case):
         waiting = [socket.create_connection(("127.0.0.1", s.port), timeout=10) for _ in range(3)]
         try:
             self.assert_idle_while(s)
+            resource.prlimit(s.proc.pid, resource.RLIMIT_NOFILE, hard)
+            # Asked once descriptors are back: UBSan's type checks open files of their own, and
+            # report a false invalid vptr when they cannot.
             keep.request("GET", "/metrics")
             text = keep.getresponse().read().decode()
             self.assertRegex(text, r"idem_http_accept_failures_total [1-9]")
-            resource.prlimit(s.proc.pid, resource.RLIMIT_NOFILE, hard)
             # The connections that waited in the listen queue are accepted and answered now.
             waiting[0].sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
             self.assertTrue(waiting[0].recv(64).startswith(b"HTTP/1.1 200"))
