@@ -73,20 +73,8 @@ consumer_claim::consumer_claim(const connection& c, const std::string& stream, c
     const auto host = host_name();
     holder_ = host + " " + std::to_string(::getpid()) + " " + path.string();
     identity_ = host + " " + path.string();
-    kvConfig cfg;
-    kvConfig_Init(&cfg);
-    cfg.Bucket = bucket_name;
-    cfg.History = 1;
-    cfg.TTL = std::chrono::duration_cast<std::chrono::nanoseconds>(ttl).count();
-    cfg.Replicas = replicas;
-    cfg.StorageType = js_FileStorage;
-    if (open_or_create_bucket(&kv_, c.js(), cfg)) {
-        kvStatus* st = nullptr;
-        if (kvStore_Status(&st, kv_) == NATS_OK) {
-            const auto kept = std::chrono::nanoseconds(kvStatus_TTL(st));
-            if (kept.count() > 0) ttl_ = std::chrono::duration_cast<std::chrono::milliseconds>(kept);
-            kvStatus_Destroy(st);
-        }
+    if (auto kept = open_ttl_bucket(&kv_, c.js(), bucket_name, ttl, replicas); kept && kept->count() > 0) {
+        ttl_ = std::chrono::duration_cast<std::chrono::milliseconds>(*kept);
     }
     auto other = take(std::chrono::seconds(30));
     if (!other.empty()) {

@@ -55,28 +55,31 @@ bool open_or_create_bucket(kvStore** kv, jsCtx* js, kvConfig& cfg) {
     }
 }
 
-lease_bucket::lease_bucket(const connection& c, const std::string& consumer, std::chrono::milliseconds ttl,
-                           int replicas)
-    : js_(c.js()), name_(idem::jetstream::lease_bucket(consumer)), ttl_(ttl) {
-    check_name("consumer name", consumer);
+std::optional<std::chrono::nanoseconds> open_ttl_bucket(kvStore** kv, jsCtx* js, const std::string& name,
+                                                        std::chrono::milliseconds ttl, int replicas) {
     kvConfig cfg;
     kvConfig_Init(&cfg);
-    cfg.Bucket = name_.c_str();
+    cfg.Bucket = name.c_str();
     cfg.History = 1;
     cfg.TTL = std::chrono::duration_cast<std::chrono::nanoseconds>(ttl).count();
     cfg.Replicas = replicas;
     cfg.StorageType = js_FileStorage;
-    if (open_or_create_bucket(&kv_, c.js(), cfg)) {
-        kvStatus* st = nullptr;
-        if (kvStore_Status(&st, kv_) == NATS_OK) {
-            ttl_ = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::nanoseconds(kvStatus_TTL(st)));
-            kvStatus_Destroy(st);
-        }
+    if (!open_or_create_bucket(kv, js, cfg)) return std::nullopt;
+    kvStatus* st = nullptr;
+    if (kvStore_Status(&st, *kv) != NATS_OK) return std::nullopt;
+    const auto kept = std::chrono::nanoseconds(kvStatus_TTL(st));
+    kvStatus_Destroy(st);
+    return kept;
+}
+
+lease_bucket::lease_bucket(const connection& c, const std::string& consumer, std::chrono::milliseconds ttl,
+                           int replicas)
+    : js_(c.js()), name_(idem::jetstream::lease_bucket(consumer)), ttl_(ttl) {
+    check_name("consumer name", consumer);
+    if (auto kept = open_ttl_bucket(&kv_, c.js(), name_, ttl, replicas)) {
+        ttl_ = std::chrono::duration_cast<std::chrono::milliseconds>(*kept);
     }
-    const auto kept_name = "idem-kept-" + consumer;
-    cfg.Bucket = kept_name.c_str();
-    cfg.TTL = 0;
-    (void)open_or_create_bucket(&kept_, c.js(), cfg);
+    (void)open_ttl_bucket(&kept_, c.js(), "idem-kept-" + consumer, std::chrono::milliseconds(0), replicas);
 }
 
 lease_bucket::lease_bucket(const connection& c, const std::string& consumer)

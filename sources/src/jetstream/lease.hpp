@@ -30,6 +30,11 @@ bool kv_conflict(natsStatus s);
 /// Opens the KV bucket cfg.Bucket, creating it with cfg if it is missing (timeouts of a cluster
 /// that has just started are retried for 30 s); returns whether it existed.
 bool open_or_create_bucket(kvStore** kv, jsCtx* js, kvConfig& cfg);
+/// Opens the KV bucket name whose keys live ttl (0: forever), creating it (history 1, replicas,
+/// file storage) if it is missing. Returns the TTL a bucket that already existed keeps (it wins
+/// over ttl); nullopt when it was created here or its status cannot be read.
+std::optional<std::chrono::nanoseconds> open_ttl_bucket(kvStore** kv, jsCtx* js, const std::string& name,
+                                                        std::chrono::milliseconds ttl, int replicas);
 
 /// A lease's content as read from the bucket.
 struct lease_entry {
