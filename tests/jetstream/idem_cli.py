@@ -75,3 +75,24 @@ def wait_for(condition, timeout, what, interval=0.05):
             return v
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def main(suite):
+    """Runs the calling module's test cases against the idem binary named by the first argument
+    (skipped without a nats-server), prints the one summary line tools/test counts, and exits."""
+    import os
+    import sys
+    import unittest
+
+    import nats_server
+
+    nats_server.skip_unless_available()
+    global IDEM
+    IDEM = os.path.abspath(sys.argv.pop(1))
+    started = time.monotonic()
+    result = unittest.main(module="__main__", exit=False, verbosity=2).result
+    total = result.testsRun
+    failed = len(result.failures) + len(result.errors)
+    print(f"[{suite}] test cases: {total} | {total - failed} passed | {failed} failed "
+          f"in {time.monotonic() - started:.0f} s")
+    sys.exit(1 if failed else 0)

@@ -715,12 +715,4 @@ class refusal_test(scaleout_case):
 
 
 if __name__ == "__main__":
-    nats_server.skip_unless_available()
-    idem_cli.IDEM = os.path.abspath(sys.argv.pop(1))
-    started = time.monotonic()
-    result = unittest.main(exit=False, verbosity=2).result
-    total = result.testsRun
-    failed = len(result.failures) + len(result.errors)
-    print(f"[jetstream-scaleout] test cases: {total} | {total - failed} passed | {failed} failed "
-          f"in {time.monotonic() - started:.0f} s")
-    sys.exit(1 if failed else 0)
+    idem_cli.main("jetstream-scaleout")

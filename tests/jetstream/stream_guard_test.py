@@ -11,9 +11,7 @@ usage: stream_guard_test.py PATH/TO/idem
 import json
 import os
 import signal
-import sys
 import time
-import unittest
 
 import consume_test
 import idem_cli
@@ -170,12 +168,4 @@ class summary_test(guard_case):
 
 
 if __name__ == "__main__":
-    nats_server.skip_unless_available()
-    idem_cli.IDEM = os.path.abspath(sys.argv.pop(1))
-    started = time.monotonic()
-    result = unittest.main(exit=False, verbosity=2).result
-    total = result.testsRun
-    failed = len(result.failures) + len(result.errors)
-    print(f"[jetstream-guard] test cases: {total} | {total - failed} passed | {failed} failed "
-          f"in {time.monotonic() - started:.0f} s")
-    sys.exit(1 if failed else 0)
+    idem_cli.main("jetstream-guard")
