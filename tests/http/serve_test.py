@@ -83,7 +83,7 @@ class server:
             total += int(m.group(1))
         return total
 
-    def stop(self, sig=signal.SIGTERM, timeout=30):
+    def stop(self, sig=signal.SIGTERM, timeout=30, starved=False):
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
         try:
@@ -93,7 +93,15 @@ class server:
             self.proc.stdout.close()
             self.proc.stderr.close()
         # Under -Db_sanitize=address,undefined a report must fail the test, not scroll by.
-        if "runtime error" in err or "Sanitizer" in err:
+        reported = err
+        if starved:
+            # UBSan's vptr check asks whether the object's memory is readable through a pipe of
+            # its own; with no descriptor left that pipe fails and every virtual call made in the
+            # starved window is reported as "invalid vptr" over "<memory cannot be printed>". Only
+            # those reports are set aside; any other report still fails the test.
+            reported = re.sub(r"[^\n]*runtime error: [^\n]*\n[^\n]*note: object has invalid vptr\n"
+                              r"<memory cannot be printed>\n", "", err)
+        if "runtime error" in reported or "Sanitizer" in reported:
             raise AssertionError("idem serve reported:\n" + err)
         return self.proc.returncode
 
@@ -712,8 +720,6 @@ class descriptor_tests(serve_case):
         try:
             self.assert_idle_while(s)
             resource.prlimit(s.proc.pid, resource.RLIMIT_NOFILE, hard)
-            # Asked once descriptors are back: UBSan's type checks open files of their own, and
-            # report a false invalid vptr when they cannot.
             keep.request("GET", "/metrics")
             text = keep.getresponse().read().decode()
             self.assertRegex(text, r"idem_http_accept_failures_total [1-9]")
@@ -724,7 +730,7 @@ class descriptor_tests(serve_case):
             keep.close()
             for c in waiting:
                 c.close()
-        self.assertEqual(s.stop(), 0)
+        self.assertEqual(s.stop(starved=True), 0)
         self.assertIn("cannot accept connections", s.err)
         self.assertIn("accepting connections again", s.err)
 
