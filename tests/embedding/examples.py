@@ -19,6 +19,7 @@ import argparse
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -73,13 +74,28 @@ def blocks(path):
 
 
 def run(cmd, cwd, env, where, what, timeout=120):
-    try:
-        p = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise Failure(f"{where}: {what} did not finish within {timeout} s")
+    """Runs cmd in a process group of its own, which is killed once cmd ends: a server an example
+    started in the background and did not stop (it failed half-way) does not outlive it."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        p = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=err, text=True, start_new_session=True)
+        try:
+            p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pass
+        finally:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait()
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    if p.returncode == -signal.SIGKILL:
+        raise Failure(f"{where}: {what} did not finish within {timeout} s:\n{stdout}{stderr}")
     if p.returncode != 0:
-        raise Failure(f"{where}: {what} failed with exit status {p.returncode}:\n{p.stdout}{p.stderr}")
-    return p.stdout
+        raise Failure(f"{where}: {what} failed with exit status {p.returncode}:\n{stdout}{stderr}")
+    return stdout
 
 
 def main():
