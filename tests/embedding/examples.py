@@ -16,6 +16,7 @@ points it at a `meson install --destdir`). A failure names the file, the line of
 cause, and exits 1.
 """
 import argparse
+import concurrent.futures
 import os
 import re
 import shutil
@@ -132,20 +133,28 @@ def main():
         env["PATH"] = f"{bindir}:{os.path.abspath(args.bin)}:{env.get('PATH', '')}"
         cxx = os.environ.get("CXX", "c++")
 
-        # C++ first (the shell examples may run the programs), in the order they appear.
-        ordered = [e for e in examples if e[0] == "cpp"] + [e for e in examples if e[0] == "shell"]
-        for mode, name, modules, where, text in ordered:
+        # The C++ examples are compiled first, two at a time (the shell examples may run them).
+        def build(example):
+            _, name, modules, where, text = example
+            source = os.path.join(work, f"{name}.cpp")
+            path, line = where.rsplit(":", 1)
+            with open(source, "w", encoding="utf-8") as f:
+                # The compiler's messages name the Markdown file and its lines.
+                f.write(f'#line {int(line) + 2} "{os.path.abspath(path)}"\n' + text)
+            flags = run(["pkg-config", "--cflags", "--libs", *modules], work, env, where,
+                        f"pkg-config {' '.join(modules)} (for example '{name}')").split()
+            run([cxx, "-std=c++20", "-O0", "-Wall", "-Werror", source, "-o", os.path.join(bindir, name), *flags],
+                work, env, where, f"compiling example '{name}' against the installed {' '.join(modules)}", timeout=300)
+
+        programs = [e for e in examples if e[0] == "cpp"]
+        with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+            for done in [pool.submit(build, e) for e in programs]:
+                done.result()  # the first failure, in the order of the files
+
+        # Then each example runs, in the order they appear: programs first.
+        for mode, name, modules, where, text in programs + [e for e in examples if e[0] == "shell"]:
             rundir = tempfile.mkdtemp(prefix=f"{name}-", dir=work)
             if mode == "cpp":
-                source = os.path.join(work, f"{name}.cpp")
-                path, line = where.rsplit(":", 1)
-                with open(source, "w", encoding="utf-8") as f:
-                    # The compiler's messages name the Markdown file and its lines.
-                    f.write(f'#line {int(line) + 2} "{os.path.abspath(path)}"\n' + text)
-                flags = run(["pkg-config", "--cflags", "--libs", *modules], work, env, where,
-                            f"pkg-config {' '.join(modules)} (for example '{name}')").split()
-                run([cxx, "-std=c++20", "-O0", "-Wall", "-Werror", source, "-o", os.path.join(bindir, name), *flags],
-                    work, env, where, f"compiling example '{name}' against the installed {' '.join(modules)}", timeout=300)
                 out = run([os.path.join(bindir, name)], rundir, env, where, f"example '{name}'")
             else:
                 script = os.path.join(work, f"{name}.sh")
