@@ -151,8 +151,17 @@ def main():
             for done in [pool.submit(build, e) for e in programs]:
                 done.result()  # the first failure, in the order of the files
 
+        # The commands this `idem` has: JetStream and HTTP are optional features of a build, and a
+        # shell example that needs a command the build left out is skipped, saying so.
+        help_text = run([os.path.join(args.bin, "idem"), "--help"], work, env, args.bin, "idem --help")
+        commands = set(re.findall(r"^  ([a-z-]+)\s", help_text.split("commands:", 1)[-1], re.M))
+
         # Then each example runs, in the order they appear: programs first.
         for mode, name, modules, where, text in programs + [e for e in examples if e[0] == "shell"]:
+            missing = sorted(set(re.findall(r"(?:^|[\s;&|(])idem ([a-z-]+)", text)) - commands) if mode == "shell" else []
+            if missing:
+                print(f"example {name} ({where}): skipped, this build's idem has no {', '.join(missing)}")
+                continue
             rundir = tempfile.mkdtemp(prefix=f"{name}-", dir=work)
             if mode == "cpp":
                 out = run([os.path.join(bindir, name)], rundir, env, where, f"example '{name}'")
