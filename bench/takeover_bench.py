@@ -44,7 +44,7 @@ def rows(idem, db):
 
 def take_over(idem, cluster, name, threshold):
     """One new owner catching up with the partition; returns (seconds, fetched, db). A run that
-    hangs (seen before the live-instance listing got its bound: docs/BENCHMARKS.md) is killed
+    hangs (seen before the live-instance listing got its bound; the history of docs/BENCHMARKS.md) is killed
     after 120 s and run again under another name, and said so."""
     for attempt in range(3):
         db = os.path.join(cluster.dir, f"{name}-{attempt}")

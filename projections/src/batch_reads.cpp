@@ -1,5 +1,5 @@
 // What a batch run reads through its own state (rows, streams, parked events) and what the
-// live writer keeps of it from one batch to the next (docs/DESIGN.md, "Rows kept between
+// live writer keeps of it from one batch to the next (docs/RUNTIME.md, "Rows kept between
 // batches"): whether the kept rows still hold, reading what they do not, and marking what a
 // batch changed for finish() to write.
 

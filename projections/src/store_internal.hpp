@@ -65,7 +65,7 @@ using row_entry = string_table<row_slot>::entry;
 using stream_entry = string_table<stream_state>::entry;
 
 /// Rows and streams decoded by the writer, and what they hold; a batch run reads through them.
-/// The live writer keeps them from one batch to the next (docs/DESIGN.md, "Rows kept between
+/// The live writer keeps them from one batch to the next (docs/RUNTIME.md, "Rows kept between
 /// batches"): they are valid as of one commit, and dropped whenever anything else may have
 /// written the store since (another writer, an operator action, a bulk build, a failed batch).
 struct kept_rows {

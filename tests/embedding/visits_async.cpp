@@ -1,4 +1,4 @@
-// The README's asynchronous example, whole: an engine on the user's io_context, a coroutine that
+// The asynchronous example of docs/ASYNC.md, whole: an engine on the user's io_context, a coroutine that
 // applies four deliveries (one redelivered) with co_await and reads the rows back. Built with the
 // compiler the user has (Debian 12: GCC 12) and run by tests/embedding/run: exit 0 if both pages
 // hold their count, 1 if not.

@@ -1,5 +1,5 @@
-// What a user adds to their own suite: the orders projection through the chaos kit (the
-// README's "test it"). The envelopes are the orders a test of theirs would feed it.
+// What a user adds to their own suite: the orders projection through the chaos kit
+// (docs/TESTING.md, "The chaos test kit"). The envelopes are the orders a test of theirs would feed it.
 
 #include <idem/testing.hpp>
 

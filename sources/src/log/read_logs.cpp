@@ -1,6 +1,6 @@
 // The reader thread of a log run: where each log starts (its checkpoint, checked against
 // the file now at its path), and reading a file to its end or following it through
-// rotations and truncations (docs/DESIGN.md, "Event logs").
+// rotations and truncations (docs/LOGS.md, "Event logs").
 
 #include "log_run.hpp"
 

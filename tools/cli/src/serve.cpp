@@ -155,7 +155,7 @@ command serve_command(context_fn t) {
          {"tls-cert", "F", "serve HTTPS with this PEM certificate chain (with --tls-key)"},
          {"tls-key", "F", "the PEM private key of --tls-cert"},
          {"webhook-secret-file", "F",
-          "a webhook sender (scheme, secrets, mapping: see README); with any, every POST must be signed", false,
+          "a webhook sender (scheme, secrets, mapping: see docs/HTTP.md); with any, every POST must be signed", false,
           true},
          {"durability", "full|periodic|none", "fsync policy (default full: answered after the fsync)"},
          {"inbox-retention", "D", "keep message ids for D (default 4d: longer than the senders' ~3.2-day retries)"},

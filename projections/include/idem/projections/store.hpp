@@ -173,12 +173,12 @@ struct store_options {
     lock_wait wait_for_writer{};
     retention_options retention{};                     ///< inbox retention and the event-time horizon
     /// Rows a batch changed go to an append-only journal and are folded into the row table in
-    /// key order later (see docs/DESIGN.md "Row journal"); the journal is frozen for folding once
+    /// key order later (see docs/RUNTIME.md "Row journal"); the journal is frozen for folding once
     /// it holds this many entries. 0: automatic (16 per leaf page of the row table, at least 1024).
     std::size_t journal_rows = 0;
     /// The writer keeps the rows and streams it decoded from one batch to the next, up to about
     /// this many bytes (past it they are dropped before the next batch and read again as needed;
-    /// docs/DESIGN.md, "Rows kept between batches"). 0: every batch reads its rows from the store.
+    /// docs/RUNTIME.md, "Rows kept between batches"). 0: every batch reads its rows from the store.
     std::size_t kept_rows_bytes = std::size_t{64} << 20;
     /// The in-memory id indexes (the inbox's and the contributing sets') ask the kernel for
     /// transparent huge pages as they grow: one page fault per 2 MiB instead of per 4 KiB, for

@@ -1,7 +1,7 @@
 #pragma once
 
 // The on-disk layout of a store, in one place: every table name, meta key and record codec.
-// It mirrors the storage-layout table of docs/DESIGN.md one to one; change both together.
+// It mirrors the storage-layout table of docs/RUNTIME.md one to one; change both together.
 // Integers are little-endian unless a key needs big-endian order; a length-prefixed string
 // is [u32 LE length][bytes]. Not installed: the library, its tools and its tests read it.
 

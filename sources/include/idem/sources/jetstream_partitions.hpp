@@ -5,7 +5,7 @@
 // each partition is applied by the one instance that holds its lease, into its own LMDB
 // environment `<db>/p<k>`. Leases are keys of a NATS KV bucket, taken and renewed by
 // compare-and-set on their revision and expired by the bucket's TTL; every commit of a partition
-// is fenced by its lease (refused once the lease may have expired). See docs/DESIGN.md
+// is fenced by its lease (refused once the lease may have expired). See docs/SCALEOUT.md
 // "Scale-out".
 //
 //   idem::jetstream::partitioned_options po;

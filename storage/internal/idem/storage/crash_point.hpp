@@ -9,7 +9,7 @@
 // one predictable branch. Every build has them, so a crash test drives the binaries a
 // user runs, not a special build.
 //
-// The points (docs/DESIGN.md, "Crash points"):
+// The points (docs/RUNTIME.md, "Crash points"):
 //   after_decode       a batch is parsed and decoded, nothing of it is applied yet
 //   mid_batch          half of a batch's deliveries are applied in the open transaction
 //   before_commit      the transaction is complete and not yet committed

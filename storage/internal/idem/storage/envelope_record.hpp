@@ -1,7 +1,7 @@
 #pragma once
 
 // The parsed attributes of an envelope as a binary log record carries them beside the body
-// (docs/DESIGN.md, "Event logs"): what envelope_parser::parse and fingerprint() make of the
+// (docs/LOGS.md, "Event logs"): what envelope_parser::parse and fingerprint() make of the
 // body, so a rebuild from the binary log takes them instead of parsing the JSON again.
 //
 //     u8 rules revision | u8 flags (1: sequence, 2: binary data) | u64 LE fingerprint
