@@ -97,8 +97,12 @@ public:
 
     /// Takes free partitions, applies them, renews their leases and balances them with the other
     /// live instances until stop; then stops every partition and gives its lease up. Throws the
-    /// first fatal error of a partition run.
+    /// first error a partition's run ended with (its message names the partition), once every
+    /// partition is stopped; a partition that ended on the loss of its lease (errc::lease_lost, or
+    /// errc::broker_failed from a consumer its new owner deleted) goes on under its next owner.
     partitioned_result run();
+    /// Returns what run() did, also after it threw (then up to the error and the stop).
+    const partitioned_result& result() const;
     /// Asks run() to stop (thread-safe).
     void stop() noexcept;
 
