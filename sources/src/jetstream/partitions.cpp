@@ -106,8 +106,6 @@ std::uint32_t partition_of(std::string_view aggregate_key, std::uint32_t partiti
     return partition_of_token(detail::subject_token(aggregate_key), partitions);
 }
 
-std::string partition_directory(std::uint32_t k) { return "p" + std::to_string(k); }
-
 std::string lease_bucket(const std::string& consumer) { return "idem-leases-" + consumer; }
 
 std::vector<lease_owner> read_owners(const std::vector<std::string>& servers, const std::string& consumer) {
@@ -252,7 +250,7 @@ const partitioned_result& partitioned_consumer::result() const { return impl_->r
 void partitioned_consumer::impl::drop_copy(std::uint32_t k) {
     std::error_code ec;
     std::filesystem::remove_all(o.db / partition_directory(k), ec);
-    std::filesystem::remove(o.db / (partition_directory(k) + ".replay"), ec);
+    std::filesystem::remove(replay_marker(o.db, k), ec);
 }
 
 // DIR/owned lists the partitions this instance holds, one a line, replaced atomically: what
@@ -263,15 +261,7 @@ void partitioned_consumer::impl::write_owned_file() {
     write_owned_file(ks);
 }
 
-void partitioned_consumer::impl::write_owned_file(std::vector<std::uint32_t> ks) {
-    std::sort(ks.begin(), ks.end());
-    auto tmp = o.db / "owned.tmp";
-    {
-        std::ofstream f(tmp, std::ios::trunc);
-        for (auto k : ks) f << k << "\n";
-    }
-    std::filesystem::rename(tmp, o.db / "owned");
-}
+void partitioned_consumer::impl::write_owned_file(std::vector<std::uint32_t> ks) { write_owned(o.db, std::move(ks)); }
 
 // ks and the copies this instance kept on an earlier stop that no one has taken since (their
 // leases free and naming it as the keeper): what DIR/owned lists at the stop, so that a run that
@@ -335,7 +325,7 @@ void partitioned_consumer::impl::start(std::uint32_t k, std::uint64_t revision, 
     p->revision = revision;
     p->fence = std::make_shared<fence_state>();
     p->fence->deadline = deadline_after(sent);
-    p->fence->marker = o.db / (partition_directory(k) + ".replay");
+    p->fence->marker = replay_marker(o.db, k);
     if (std::filesystem::exists(p->fence->marker)) drop_copy(k);  // a refused commit: replay it all
     engine_options eo = o.engine;
     eo.store.path = o.db / partition_directory(k);
@@ -630,9 +620,7 @@ partitioned_result partitioned_consumer::run() {
     auto& s = *impl_;
     s.work.emplace(s.io.get_executor());
     s.completions = std::thread([&s] { s.io.run(); });
-    if (std::ifstream f(s.o.db / "owned"); f) {
-        for (std::uint32_t k = 0; f >> k;) s.listed_at_start.push_back(k);
-    }
+    s.listed_at_start = read_owned(s.o.db).value_or(std::vector<std::uint32_t>{});
     s.drop_foreign_copies();
     s.write_owned_file();
     if (s.o.until_caught_up) s.read_targets();
