@@ -11,6 +11,7 @@
 #include "store_internal.hpp"
 
 #include <idem/storage/codec.hpp>
+#include <idem/storage/duration.hpp>
 #include <idem/storage/envelope.hpp>
 #include <idem/storage/error.hpp>
 
@@ -214,6 +215,47 @@ redrive_result store::redrive(const redrive_options& options) {
                     ", dead-lettered again " + std::to_string(result.dead_lettered) +
                     (options.out_of_order ? " (out of order allowed)" : "") + "; refused " +
                     std::to_string(result.refused);
+        record(op, audit, std::move(a));
+        return true;
+    });
+    return result;
+}
+
+event_clock_result store::set_event_time_back(std::uint64_t time_ns, const std::string& note) {
+    const auto audit = impl_->env->table(layout::audit_table(this->options().consumer));
+    event_clock_result result;
+    operate([&](detail::operator_session& op) {
+        auto& clock = op.clock();
+        result = event_clock_result{};
+        result.before = clock.event_time;
+        if (clock.event_time == 0) {
+            throw_error(errc::invalid_argument, "consumer '" + options().consumer + "' has no event time yet: nothing to set back");
+        }
+        if (time_ns == 0 || time_ns >= clock.event_time) {
+            throw_error(errc::invalid_argument, "event time " + format_utc(time_ns) + " is not before the event clock of consumer '" +
+                                                    options().consumer + "' (" + format_utc(clock.event_time) +
+                                                    "): it is only ever set back");
+        }
+        // Only the clock moves: the floors below which effect keys and ids were pruned stay, so an
+        // event below them is still late, whatever the horizon says now.
+        if (!clock.jump_votes.empty()) {
+            result.dropped_jump = clock.jump_time;
+            result.dropped_votes = clock.jump_votes.size();
+        }
+        clock.event_time = time_ns;
+        clock.jump_time = 0;
+        clock.jump_votes.clear();
+        clock.jump_sources.clear();
+        result.after = time_ns;
+        result.commit = op.commit();
+        operator_action a;
+        a.action = "event_clock";
+        a.note = note;
+        a.summary = "set the event clock back from " + format_utc(result.before) + " to " + format_utc(result.after);
+        if (result.dropped_votes != 0) {
+            a.summary += "; dropped a pending jump to " + format_utc(result.dropped_jump) + " (" +
+                         std::to_string(result.dropped_votes) + " vote" + (result.dropped_votes == 1 ? "" : "s") + ")";
+        }
         record(op, audit, std::move(a));
         return true;
     });

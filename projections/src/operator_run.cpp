@@ -68,6 +68,7 @@ public:
     void rewrite_row(std::size_t projection, const std::string& key) override {
         run_.mark_dirty(projection, run_.load_row(projection, key, string_table<row_slot>::hash_of(key)));
     }
+    layout::clock_record& clock() override { return run_.clock_; }
 
 private:
     // An event read back from the store, as the batch path takes it.

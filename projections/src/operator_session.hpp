@@ -4,6 +4,7 @@
 // batch run implements it (operator_run.cpp), so the actions go through the apply path's own
 // guards and writes; operator_actions.cpp holds the actions themselves.
 
+#include <idem/projections/layout.hpp>
 #include <idem/projections/store.hpp>
 #include <idem/storage/lmdb.hpp>
 
@@ -47,6 +48,8 @@ public:
     virtual bool is_parked(const std::string& key) const = 0;
     /// Reads a row (migrating it) and writes it back with the batch, at the current state version.
     virtual void rewrite_row(std::size_t projection, const std::string& key) = 0;
+    /// The consumer's event clock as the batch holds it; the batch writes it back when it commits.
+    virtual layout::clock_record& clock() = 0;
 };
 
 }  // namespace idem::detail

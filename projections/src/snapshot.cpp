@@ -300,6 +300,9 @@ consumer_view::retention_state consumer_view::retention() const {
         auto clock = layout::decode_clock(snap_->txn.get(*m, layout::clock_key(name_)));
         r.event_time = clock.event_time;
         r.inbox_floor = clock.inbox_floor;
+        r.jump_time = clock.jump_votes.empty() ? 0 : clock.jump_time;
+        r.jump_votes = clock.jump_votes.size();
+        r.jump_sources = clock.jump_sources.size();
     }
     if (auto t = snap_->table(layout::inbox_table(name_))) {
         cursor c{snap_->txn, *t};

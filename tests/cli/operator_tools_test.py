@@ -331,7 +331,7 @@ class parked_test(case):
         released = self.totals(db)
         p = run("verify", "--db", db, "--log", log, check=False)
         self.assertEqual(p.returncode, 1)
-        self.assertIn("it holds 1 operator action, release or redrive, whose effects no log holds", p.stderr)
+        self.assertIn("it holds 1 operator action, release, redrive or event-clock, whose effects no log holds", p.stderr)
         p = run("rebuild", "--db", db, "--log", log, check=False)
         self.assertEqual(p.returncode, 2)
         self.assertIn("holds 1 operator action (release of stream 'o1' in commit", p.stderr)
@@ -357,6 +357,65 @@ class parked_test(case):
         finally:
             holder.terminate()
             holder.wait(timeout=60)
+
+
+class event_clock_test(case):
+    def test_a_jump_on_two_bad_clocks_is_set_back_and_the_late_events_redriven_equal_the_reference(self):
+        def at(i):
+            return "2026-12-02T10:%02d:%02dZ" % (i // 60, i % 60)
+
+        def order_line(i, source="/shop", order=None, when=None, amount=None):
+            return json.dumps({"specversion": "1.0", "id": "e-%d" % i, "source": source, "type": "order.line_added",
+                               "subject": order or "o%d" % (i % 5), "time": when or at(i),
+                               "data": {"order_id": order or "o%d" % (i % 5), "amount": amount or i + 1}})
+
+        before = [order_line(i) for i in range(40)]
+        # Two producers with the same bad clock: three events of two sources confirm the jump to
+        # 2099 (the first two are future_event; the third moves the clock and is applied).
+        bad = [order_line(100 + n, source, "o-bad", "2099-01-01T00:00:00Z", 7 + n)
+               for n, source in enumerate(["/bad-a", "/bad-b", "/bad-a"])]
+        after = [order_line(i) for i in range(40, 70)]  # current events, judged late against 2099
+        later = [order_line(i) for i in range(70, 80)]  # after the clock is set back
+        db = self.path("db")
+        retention = ["--allowed-lateness", "1h"]
+        run("consume", "--db", db, "--log", self.write("a.jsonl", before + bad + after), *retention)
+        reasons = sorted(d["reason"] for d in jsonl(run("deadletters", "--db", db).stdout))
+        self.assertEqual(reasons, ["future_event"] * 2 + ["late_event"] * 30)
+        run("prune", "--db", db, *retention)  # the effect keys below the horizon of 2099 go
+        shown = json.loads(run("event-clock", "--db", db).stdout)
+        self.assertEqual(shown["event_time"], "2099-01-01T00:00:00Z")
+        self.assertIsNone(shown["pending_jump"])
+        floor = shown["contributor_floors"]["order-totals"]["floor"]
+        self.assertEqual(floor, at(39), shown)  # pruned up to the last event before the jump
+        # Only back, and with a reason for the audit.
+        for args, why in ((["--set-back-to", "2099-06-01T00:00:00Z", "--reason", "x"], "it is only ever set back"),
+                          (["--set-back-to", "yesterday", "--reason", "x"], "is not an RFC 3339 time"),
+                          (["--set-back-to", at(39)], "needs --reason")):
+            p = run("event-clock", "--db", db, *args, check=False)
+            self.assertEqual(p.returncode, 1, p.stderr)
+            self.assertIn(why, p.stderr)
+        p = run("event-clock", "--db", db, "--set-back-to", at(39), "--reason", "clocks of /bad-a and /bad-b")
+        shown = json.loads(p.stdout)
+        self.assertEqual((shown["event_time"], shown["set_back"]["from"], shown["set_back"]["to"]),
+                         (at(39), "2099-01-01T00:00:00Z", at(39)))
+        r = jsonl(run("redrive", "--db", db, "--reason", "late_event", "--note", "after the clock was set back").stdout)
+        self.assertEqual([x["outcome"] for x in r], ["applied"] * 30)
+        # Events after it are current again, not late.
+        run("consume", "--db", db, "--log", self.write("b.jsonl", later), *retention)
+        reasons = sorted(d["reason"] for d in jsonl(run("deadletters", "--db", db).stdout))
+        self.assertEqual(reasons, ["future_event"] * 2)
+        # The reference, computed here: every current event once, and the one 2099 event applied.
+        expected = {}
+        for i in range(80):
+            row = expected.setdefault("o%d" % (i % 5), {"total": 0, "lines": 0})
+            row["total"] += i + 1
+            row["lines"] += 1
+        expected["o-bad"] = {"total": 9, "lines": 1}
+        self.assertEqual(self.totals(db), expected)
+        audit = jsonl(run("audit", "--db", db).stdout)
+        self.assertEqual([(a["action"], a["reason"]) for a in audit],
+                         [("event_clock", "clocks of /bad-a and /bad-b"), ("redrive", "after the clock was set back")])
+        self.assertIn("set the event clock back from 2099-01-01T00:00:00Z to " + at(39), audit[0]["summary"])
 
 
 class redrive_test(case):

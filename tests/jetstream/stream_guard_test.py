@@ -10,6 +10,7 @@ usage: stream_guard_test.py PATH/TO/idem
 
 import json
 import os
+import re
 import signal
 import time
 
@@ -96,6 +97,72 @@ class purge_test(guard_case):
         self.consume(self.path("db"), "PUR", "c1", "--accept-stream-reset")
         seen = applied + [body for _, body in stored_c]
         self.assertEqual(self.rows(self.path("db")), self.reference(self.write_lines("seen.jsonl", seen)))
+
+
+class partitioned_purge_test(guard_case):
+    def test_a_purge_under_a_partitioned_run_stops_it_with_exit_2_naming_the_partition_and_the_summary(self):
+        # The stream captures 'gp.>'; messages go straight to gp.<k>.<key> (the partition a
+        # server's mapping would give them does not matter here).
+        parts = 2
+        _, lines = self.gen("o.jsonl", 900, aggregates=20)
+        envelopes = [(l, idem_cli.envelope_of(l)) for l in lines]
+        lines = [(l, e) for l, e in envelopes if e and re.fullmatch(r"[\w-]+", str(e.get("subject")))]
+        subject_of = {}
+
+        def publish(chunk):
+            messages = []
+            for l, e in chunk:
+                k = sum(e["subject"].encode()) % parts
+                messages.append((f"gp.{k}.{e['subject']}", l, None))
+            first = self.ns.stream_info("PGP")["last_seq"] + 1
+            self.ns.publish_many(messages)
+            for i, (subject, l, _) in enumerate(messages):
+                subject_of[first + i] = (int(subject.split(".")[1]), l)
+
+        a, b, c = lines[:300], lines[300:600], lines[600:]
+        self.ns.create_stream("PGP", ["gp.>"])
+        publish(a)
+        end_a = self.ns.stream_info("PGP")["last_seq"]
+        last_of = {k: max(q for q, (kk, _) in subject_of.items() if kk == k) for k in range(parts)}
+        db = self.path("db")
+        p = self.start(db, "PGP", "grp", "--partitions", parts, "--instance", "i1", "--fetch-batch", 16)
+
+        def checkpoint(k):
+            """Partition k's checkpoint as `idem stats` of its store shows it (None before it has one)."""
+            stats = run("stats", "--db", os.path.join(db, f"p{k}"), check=False)
+            if stats.returncode != 0:  # not made yet, or its projections not declared yet
+                return None
+            source = {c["source"]: c["position"] for c in json.loads(stats.stdout).get("checkpoints") or []}
+            return source.get(f"nats:PGP/grp.p{k}")
+
+        wait_for(lambda: all(checkpoint(k) == last_of[k] for k in range(parts)), 60, "the first part to be applied",
+                 interval=0.2)
+        os.kill(p.pid, signal.SIGSTOP)
+        publish(b)
+        end_b = self.ns.stream_info("PGP")["last_seq"]
+        self.ns.purge_stream("PGP")
+        publish(c)
+        os.kill(p.pid, signal.SIGCONT)
+        p.wait(60)
+        code, _, err = self.finish(p)
+        self.assertEqual(code, 2, err)
+        self.assertRegex(err, r"partition \d of consumer 'grp': stream 'PGP' changed while consumer 'grp-p\d-r\d+' "
+                              r"consumed it")
+        self.assertIn(f"starts at sequence {end_b + 1}", err)
+        summary = self.result_of(p)  # the summary comes with the error
+        self.assertRegex(summary["error"], r"^partition \d of consumer 'grp': stream 'PGP' changed while")
+        self.assertEqual(summary["owned_at_stop"], list(range(parts)))  # the copies stay, listed
+        self.assertGreaterEqual(summary["fetched"], end_a)
+        # Nothing past the hole is committed: each partition's rows are its bodies up to its checkpoint.
+        applied = []
+        for k in range(parts):
+            at = checkpoint(k)
+            self.assertGreaterEqual(at, last_of[k])
+            self.assertLessEqual(at, end_b)
+            applied += [l for q, (kk, l) in sorted(subject_of.items()) if kk == k and q <= at]
+        union = sorted(self.rows(os.path.join(db, "p0")) + self.rows(os.path.join(db, "p1")))
+        self.assertEqual(union, self.reference(self.write_lines("applied.jsonl", applied)))
+        self.assertGreater(end_b, end_a)
 
 
 class claim_test(guard_case):

@@ -286,6 +286,29 @@ TEST_CASE("one source's events stamped 2099 never move the horizon; two sources 
         auto again = store.redrive({.why = idem::reason::late_event});
         CHECK(again.applied == 0);
         CHECK(dump(store.read(), "order-totals") == ref.rows);
+        // The way back: the clock set back (only back), a pending jump dropped, the floor kept.
+        const auto floor = store.read().projection("order-totals").contributor_floor();
+        CHECK(store.apply(at("y-1", "o3", 1, in_2099 + 3 * 86400 * second_ns, "/a")).why == idem::reason::future_event);
+        CHECK(store.read().consumer(consumer).retention().jump_votes == 1);
+        CHECK_THROWS_WITH_AS(store.set_event_time_back(in_2099 + 2 * second_ns, "no"),
+                             doctest::Contains("it is only ever set back"), std::system_error);
+        const auto back = store.set_event_time_back(start_ns + 14 * second_ns, "the clocks of /a and /b");
+        CHECK(back.before == in_2099 + second_ns);
+        CHECK(back.after == start_ns + 14 * second_ns);
+        CHECK(back.dropped_votes == 1);
+        const auto clock = store.read().consumer(consumer).retention();
+        CHECK(clock.event_time == start_ns + 14 * second_ns);
+        CHECK(clock.jump_votes == 0);
+        CHECK(store.read().projection("order-totals").contributor_floor() == floor);
+        // Current events are current again; one below the floor is still late.
+        CHECK(store.apply(at("c-15", "o1", 100, start_ns + 15 * second_ns, "/orders")).kind == outcome_kind::applied);
+        ref.add("o1", 100);
+        CHECK(store.apply(at("c-0b", "o1", 1, start_ns, "/orders")).why == idem::reason::late_event);
+        CHECK(dump(store.read(), "order-totals") == ref.rows);
+        const auto audit = store.read().consumer(consumer).operator_actions();
+        REQUIRE(audit.size() == 2);
+        CHECK(audit[1].action == "event_clock");
+        CHECK(audit[1].note == "the clocks of /a and /b");
     }
 }
 

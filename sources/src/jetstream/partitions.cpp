@@ -59,6 +59,38 @@ std::string stream_prefix(const detail::connection& c, const std::string& stream
     return subject.substr(0, subject.size() - 2);
 }
 
+// Whether a partition's run ended on the loss of its lease rather than on a fault of its own: the
+// fence refused a commit (errc::lease_lost), or the broker failed it, as it does once a new owner
+// deleted the consumer. Such a partition goes on under its next owner. Any other error (the
+// stream changed under the checkpoint, the store failing, messages exhausted) would stop that
+// owner the same way: it stops the group's run.
+bool ended_with_the_lease(const std::exception_ptr& error) {
+    try {
+        std::rethrow_exception(error);
+    } catch (const std::system_error& e) {
+        return e.code() == errc::lease_lost || e.code() == errc::broker_failed;
+    } catch (...) {
+        return false;
+    }
+}
+
+// The error of partition k's run, its message prefixed with the partition and the group.
+std::exception_ptr named_after(std::uint32_t k, const std::string& consumer, const std::exception_ptr& error) {
+    const auto what = "partition " + std::to_string(k) + " of consumer '" + consumer + "': ";
+    try {
+        std::rethrow_exception(error);
+    } catch (const std::system_error& e) {
+        std::string text = e.what();
+        const auto suffix = ": " + e.code().message();  // system_error appends it again
+        if (text.ends_with(suffix)) text.resize(text.size() - suffix.size());
+        return std::make_exception_ptr(std::system_error(e.code(), what + text));
+    } catch (const std::exception& e) {
+        return std::make_exception_ptr(std::runtime_error(what + e.what()));
+    } catch (...) {
+        return error;
+    }
+}
+
 }  // namespace
 
 std::uint32_t partition_of_token(std::string_view token, std::uint32_t partitions) {
@@ -73,8 +105,6 @@ std::uint32_t partition_of_token(std::string_view token, std::uint32_t partition
 std::uint32_t partition_of(std::string_view aggregate_key, std::uint32_t partitions) {
     return partition_of_token(detail::subject_token(aggregate_key), partitions);
 }
-
-std::string partition_directory(std::uint32_t k) { return "p" + std::to_string(k); }
 
 std::string lease_bucket(const std::string& consumer) { return "idem-leases-" + consumer; }
 
@@ -168,6 +198,7 @@ struct partitioned_consumer::impl {
     std::uint64_t checkpoint_of(owned& p);
     std::string durable_prefix(std::uint32_t k) const { return o.source.consumer + "-p" + std::to_string(k) + "-r"; }
     void delete_old_consumers(std::uint32_t k, const std::string& keep);
+    std::exception_ptr failure_of(const owned& p, bool any) const;
     void renew_held();
     void forget_taken_copies();
     void tick();
@@ -214,10 +245,12 @@ partitioned_consumer::~partitioned_consumer() {
 
 void partitioned_consumer::stop() noexcept { impl_->stop_requested = true; }
 
+const partitioned_result& partitioned_consumer::result() const { return impl_->result; }
+
 void partitioned_consumer::impl::drop_copy(std::uint32_t k) {
     std::error_code ec;
     std::filesystem::remove_all(o.db / partition_directory(k), ec);
-    std::filesystem::remove(o.db / (partition_directory(k) + ".replay"), ec);
+    std::filesystem::remove(replay_marker(o.db, k), ec);
 }
 
 // DIR/owned lists the partitions this instance holds, one a line, replaced atomically: what
@@ -228,15 +261,7 @@ void partitioned_consumer::impl::write_owned_file() {
     write_owned_file(ks);
 }
 
-void partitioned_consumer::impl::write_owned_file(std::vector<std::uint32_t> ks) {
-    std::sort(ks.begin(), ks.end());
-    auto tmp = o.db / "owned.tmp";
-    {
-        std::ofstream f(tmp, std::ios::trunc);
-        for (auto k : ks) f << k << "\n";
-    }
-    std::filesystem::rename(tmp, o.db / "owned");
-}
+void partitioned_consumer::impl::write_owned_file(std::vector<std::uint32_t> ks) { write_owned(o.db, std::move(ks)); }
 
 // ks and the copies this instance kept on an earlier stop that no one has taken since (their
 // leases free and naming it as the keeper): what DIR/owned lists at the stop, so that a run that
@@ -300,7 +325,7 @@ void partitioned_consumer::impl::start(std::uint32_t k, std::uint64_t revision, 
     p->revision = revision;
     p->fence = std::make_shared<fence_state>();
     p->fence->deadline = deadline_after(sent);
-    p->fence->marker = o.db / (partition_directory(k) + ".replay");
+    p->fence->marker = replay_marker(o.db, k);
     if (std::filesystem::exists(p->fence->marker)) drop_copy(k);  // a refused commit: replay it all
     engine_options eo = o.engine;
     eo.store.path = o.db / partition_directory(k);
@@ -370,6 +395,7 @@ void partitioned_consumer::impl::start(std::uint32_t k, std::uint64_t revision, 
             if (!raw->stop) raw->run_result = raw->src->run(*raw->eng);
         } catch (...) {
             raw->error = std::current_exception();
+            if (raw->src) raw->run_result = raw->src->result();  // what it did up to the error
         }
         raw->done = true;
     });
@@ -401,7 +427,9 @@ void partitioned_consumer::impl::finish(owned& p, bool drop) {
 }
 
 // Renews every held lease; a lease that is no longer ours is dropped at once, and so is a
-// partition whose fence refused a commit or whose run ended by itself.
+// partition whose fence refused a commit or whose run ended by itself. A partition whose run
+// ended on an error of its own stops the group's run with it (thrown once the partition is given
+// up), also when its lease was lost meanwhile: its next owner would meet the same error.
 void partitioned_consumer::impl::renew_held() {
     for (auto it = held.begin(); it != held.end();) {
         auto& p = *it->second;
@@ -418,8 +446,10 @@ void partitioned_consumer::impl::renew_held() {
             if (o.on_lease) o.on_lease(p.k, false, p.revision, "lost");
             finish(p, true);
             ++result.lost;
+            const auto error = failure_of(p, false);
             it = held.erase(it);
             write_owned_file();
+            if (error) std::rethrow_exception(error);
             continue;
         }
         if (rev) {
@@ -433,16 +463,21 @@ void partitioned_consumer::impl::renew_held() {
             (void)leases->release(p.k, p.revision);
             if (o.on_lease) o.on_lease(p.k, false, p.revision, "commit refused");
             ++result.given_up;
+            const auto error = failure_of(p, false);
             it = held.erase(it);
             write_owned_file();
+            if (error) std::rethrow_exception(error);
             continue;
         }
         if (p.done && !stopping()) {
+            // An error of its own stops the group's run: the stop gives the partition up as it
+            // gives up every other, its copy kept and listed (what it committed up to the error).
+            if (auto error = failure_of(p, false)) std::rethrow_exception(error);
             // The run ended by itself (its consumer deleted, the broker refusing): give the
             // lease up, so that this or another instance takes the partition afresh.
-            auto error = p.error;
             p.fence->deadline.store(0);
             finish(p, false);
+            const auto error = failure_of(p, true);
             (void)leases->release(p.k, p.revision);
             if (o.on_lease) o.on_lease(p.k, false, p.revision, "run ended");
             it = held.erase(it);
@@ -452,6 +487,13 @@ void partitioned_consumer::impl::renew_held() {
         }
         ++it;
     }
+}
+
+// The error partition p's run ended with, named after the partition, if it stops the group's run:
+// any error (any), or one of the partition's own rather than of a lost lease; null otherwise.
+std::exception_ptr partitioned_consumer::impl::failure_of(const owned& p, bool any) const {
+    if (!p.error || (!any && ended_with_the_lease(p.error))) return nullptr;
+    return named_after(p.k, o.source.consumer, p.error);
 }
 
 // Drops the copies of partitions given up for balance that another instance has taken since.
@@ -490,6 +532,7 @@ void partitioned_consumer::impl::tick() {
         auto it = std::prev(held.end());
         auto& p = *it->second;
         finish(p, false);
+        const auto error = failure_of(p, false);
         if (leases->release(p.k, p.revision)) {
             released[p.k] = p.final_checkpoint;  // the copy goes once another instance took it
         } else {
@@ -499,6 +542,7 @@ void partitioned_consumer::impl::tick() {
         ++result.given_up;
         held.erase(it);
         write_owned_file();
+        if (error) std::rethrow_exception(error);
         return;
     }
     // Take free partitions, starting at a place of this instance's own so that instances
@@ -576,9 +620,7 @@ partitioned_result partitioned_consumer::run() {
     auto& s = *impl_;
     s.work.emplace(s.io.get_executor());
     s.completions = std::thread([&s] { s.io.run(); });
-    if (std::ifstream f(s.o.db / "owned"); f) {
-        for (std::uint32_t k = 0; f >> k;) s.listed_at_start.push_back(k);
-    }
+    s.listed_at_start = read_owned(s.o.db).value_or(std::vector<std::uint32_t>{});
     s.drop_foreign_copies();
     s.write_owned_file();
     if (s.o.until_caught_up) s.read_targets();
@@ -631,7 +673,7 @@ partitioned_result partitioned_consumer::run() {
         } catch (const std::system_error&) {
         }
         if (s.o.on_lease) s.o.on_lease(k, false, p->revision, "stopped");
-        if (p->error && !failure) failure = p->error;
+        if (auto error = s.failure_of(*p, true); error && !failure) failure = error;
     }
     s.held.clear();
     // Partitions given up for balance that no one has taken: their copies stay in this

@@ -1,7 +1,8 @@
 // The operator's commands over what the apply path set aside: `parked` lists streams waiting
 // for events, `release` gives up on their gaps, `redrive` applies dead letters again after a
-// fix, `audit` lists what operators did. release and redrive write: they open the store as
-// its one writer, like consume.
+// fix, `event-clock` shows the consumer's event clock and sets it back after a jump on bad
+// clocks, `audit` lists what operators did. release, redrive and event-clock --set-back-to
+// write: they open the store as its one writer, like consume.
 
 #include "commands.hpp"
 #include "interrupt.hpp"
@@ -9,6 +10,7 @@
 #include "options.hpp"
 #include "text.hpp"
 
+#include <idem/storage/canonical.hpp>
 #include <idem/storage/duration.hpp>
 #include <idem/storage/envelope.hpp>
 
@@ -148,6 +150,74 @@ int redrive(const tool_context& t, const arguments& a) {
     return 0;
 }
 
+void write_time(json_writer& w, std::string_view name, std::uint64_t ns) {
+    w.field(std::string(name) + "_ns", ns).field(name, format_utc(ns));
+}
+
+// event-clock: the consumer's event time, a pending jump and the projections' floors; with
+// --set-back-to, the event time set back (the horizon follows it) and recorded in the audit.
+int event_clock(const tool_context& t, const arguments& a) {
+    std::filesystem::path db = a.required("db");
+    std::optional<event_clock_result> set;
+    if (auto to = a.get("set-back-to")) {
+        const auto ns = parse_event_time(*to);
+        if (!ns || *ns == 0) {
+            throw usage_error("option '--set-back-to': '" + *to + "' is not an RFC 3339 time (2026-12-02T10:00:00Z)");
+        }
+        const auto note = a.get("reason").value_or("");
+        if (note.empty()) throw usage_error("option '--set-back-to' needs --reason TEXT (kept in the audit)");
+        auto s = t.open_writer(a, db);
+        try {
+            set = s->set_event_time_back(*ns, note);
+        } catch (const std::system_error& e) {
+            if (e.code() == errc::invalid_argument) throw usage_error(e.what());
+            throw;
+        }
+    } else if (a.get("reason")) {
+        throw usage_error("option '--reason' goes with --set-back-to");
+    }
+    require_store(db);
+    auto snap = snapshot::open(db);
+    const auto r = snap.consumer(t.consumer).retention();
+    std::string out;
+    json_writer w{out};
+    w.begin_object();
+    write_time(w, "event_time", r.event_time);
+    write_time(w, "inbox_floor", r.inbox_floor);
+    if (r.jump_votes != 0) {
+        w.key("pending_jump").begin_object();
+        write_time(w, "time", r.jump_time);
+        w.field("votes", r.jump_votes).field("sources", r.jump_sources).end_object();
+    } else {
+        w.key("pending_jump").null();
+    }
+    // Below a projection's floor its effect keys were pruned: a late event there is never redriven.
+    w.key("contributor_floors").begin_object();
+    for (const auto& p : t.projections) {
+        w.key(p->name()).begin_object();
+        write_time(w, "floor", snap.projection(p->name()).contributor_floor());
+        w.end_object();
+    }
+    w.end_object();
+    if (set) {
+        w.key("set_back").begin_object();
+        write_time(w, "from", set->before);
+        write_time(w, "to", set->after);
+        if (set->dropped_votes != 0) {
+            write_time(w, "dropped_jump", set->dropped_jump);
+            w.field("dropped_votes", set->dropped_votes);
+        }
+        w.field("commit", set->commit).end_object();
+        std::fprintf(stderr, "%s event-clock: set back from %s to %s in commit %llu; late events at or above the "
+                             "floors can now be redriven (redrive --reason late_event)\n",
+                     t.name.c_str(), format_utc(set->before).c_str(), format_utc(set->after).c_str(),
+                     static_cast<unsigned long long>(set->commit));
+    }
+    w.end_object();
+    print(out + "\n");
+    return 0;
+}
+
 int audit(const tool_context& t, const arguments& a) {
     std::filesystem::path db = a.required("db");
     require_store(db);
@@ -199,8 +269,19 @@ std::vector<command> operator_commands(context_fn t) {
          wait_option},
         [t](const arguments& a) { return redrive(t(), a); }});
     out.push_back(command{
+        "event-clock",
+        "print the consumer's event clock as JSON (its event time, a pending jump, the projections' floors); with "
+        "--set-back-to, set it back after a jump taken on bad clocks, recorded in the audit",
+        {db_option,
+         {"set-back-to", "TIME",
+          "the RFC 3339 time to set the event clock back to (before it; the horizon follows, the floors stay)"},
+         {"reason", "TEXT", "with --set-back-to: why (kept with the action in the store's audit)"},
+         wait_option},
+        [t](const arguments& a) { return event_clock(t(), a); }});
+    out.push_back(command{
         "audit",
-        "print the operator actions recorded in the store as JSON Lines (release, release_drop, redrive)",
+        "print the operator actions recorded in the store as JSON Lines (release, release_drop, redrive, "
+        "event_clock)",
         {db_option},
         [t](const arguments& a) { return audit(t(), a); }});
     return out;

@@ -152,7 +152,17 @@ int consume_partitioned(const tool_context& t, const arguments& a) {
     }
     stop_signals signals;
     jetstream::partitioned_consumer pc{po};
-    auto r = pc.run();
+    // A run that stops on an error (a partition's, named in it) prints its summary too, then the
+    // error (exit 2).
+    std::exception_ptr failed;
+    std::string error;
+    try {
+        pc.run();
+    } catch (const std::exception& e) {
+        failed = std::current_exception();
+        error = e.what();
+    }
+    const auto& r = pc.result();
     std::string out;
     json_writer w{out};
     w.begin_object()
@@ -164,11 +174,14 @@ int consume_partitioned(const tool_context& t, const arguments& a) {
         .field("caught_up", r.caught_up);
     w.key("owned_at_stop").begin_array();
     for (auto k : r.owned_at_stop) w.value(std::uint64_t{k});
-    w.end_array().end_object();
+    w.end_array();
+    if (!error.empty()) w.field("error", error);
+    w.end_object();
     std::fprintf(stderr, "instance %s of consumer '%s': %s leases taken, %s lost, %s given up\n", po.instance.c_str(),
                  po.source.consumer.c_str(), with_commas(r.taken).c_str(), with_commas(r.lost).c_str(),
                  with_commas(r.given_up).c_str());
     print(out + "\n");
+    if (failed) std::rethrow_exception(failed);
     return 0;
 }
 

@@ -7,13 +7,13 @@
 #include "options.hpp"
 #include "text.hpp"
 
+#include <idem/sources/partition_layout.hpp>
 #include <idem/storage/duration.hpp>
 #include <idem/storage/event_log.hpp>
 #include <idem/storage/log_position.hpp>
 
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
 
 namespace idem::cli::detail {
 
@@ -45,15 +45,14 @@ int get(const tool_context& t, const arguments& a) {
     return 0;
 }
 
-// The partitions a partitioned instance's directory holds (DIR/owned, one number a line,
-// written by `consume --partitions`), or nothing if DIR is a store of its own.
+// The environments of the partitions a partitioned instance's directory holds (the list
+// `consume --partitions` leaves in it), or nothing if DIR is a store of its own.
 std::optional<std::vector<std::string>> owned_partitions(const std::filesystem::path& db) {
-    if (std::filesystem::exists(db / "data.mdb") || !std::filesystem::exists(db / "owned")) return std::nullopt;
+    if (std::filesystem::exists(db / "data.mdb")) return std::nullopt;
+    auto owned = jetstream::read_owned(db);
+    if (!owned) return std::nullopt;
     std::vector<std::string> out;
-    std::ifstream f(db / "owned");
-    for (std::string line; std::getline(f, line);) {
-        if (!line.empty()) out.push_back("p" + line);
-    }
+    for (auto k : *owned) out.push_back(jetstream::partition_directory(k));
     return out;
 }
 

@@ -108,12 +108,12 @@ int verify(const tool_context& t, const arguments& a) {
         return 3;
     }
     if (c.first_difference) {
-        // An operator's release or redrive changed rows in ways no log says: name it as the likely cause.
+        // An operator's release, redrive or event-clock changed rows in ways no log says: name it as the likely cause.
         const auto actions = snap.consumer(t.consumer).operator_actions().size();
         const auto why = actions == 0 ? std::string()
                                       : " (it holds " + std::to_string(actions) + " operator action" +
                                             (actions == 1 ? "" : "s") +
-                                            ", release or redrive, whose effects no log holds: idem audit lists them)";
+                                            ", release, redrive or event-clock, whose effects no log holds: idem audit lists them)";
         std::fprintf(stderr, "%s verify: %s differs from its logs: %s%s\n", t.name.c_str(), db.c_str(),
                      c.first_difference->c_str(), why.c_str());
         return 1;

@@ -82,12 +82,21 @@ struct parked_stream {
     std::uint64_t oldest_ns = 0;              ///< when the oldest parked event was recorded (inbox stamp; 0: unknown)
 };
 
+/// What one set_event_time_back() did.
+struct event_clock_result {
+    std::uint64_t before = 0;        ///< the consumer's event time before (ns since the Unix epoch)
+    std::uint64_t after = 0;         ///< and after
+    std::uint64_t dropped_jump = 0;  ///< the pending jump it dropped: its lowest time (0: none pending)
+    std::size_t dropped_votes = 0;   ///< the events that had voted for it
+    std::uint64_t commit = 0;
+};
+
 /// One operator action recorded in the store ("audit/<consumer>").
 struct operator_action {
     std::uint64_t position = 0;
     std::uint64_t time_ns = 0;               ///< wall clock, ns since the Unix epoch
     std::uint64_t commit = 0;                ///< the commit that made it
-    std::string action;                      ///< "release", "release_drop", "redrive"
+    std::string action;                      ///< "release", "release_drop", "redrive", "event_clock"
     std::string stream;                      ///< the subject released ("" for a redrive)
     std::vector<sequence_range> skipped{};   ///< sequences given up on
     std::vector<std::uint64_t> sequences{};  ///< released or dropped sequences; redriven dead-letter positions

@@ -323,6 +323,14 @@ public:
     /// moves the stream past them), in one transaction recorded in the audit. Throws
     /// errc::invalid_argument if nothing is parked on subject.
     release_result release(std::string_view subject, const release_options& options = {});
+    /// Sets the consumer's event clock back to time_ns (ns since the Unix epoch), after a jump
+    /// that should not have been taken (two sources with the same bad clock): the horizon follows
+    /// it, so current events are no longer judged late, and a pending jump is dropped (its votes
+    /// were cast against the old clock). The contributing-set floors and the inbox floor stay,
+    /// so nothing pruned can prove an event new again. In one transaction recorded in the audit
+    /// (with note). Throws errc::invalid_argument if the consumer has no event time yet or
+    /// time_ns is not before it. Not during a bulk build.
+    event_clock_result set_event_time_back(std::uint64_t time_ns, const std::string& note);
     /// Rewrites every row of an older state version at its projection's current one (through its
     /// migrations), per_step rows per transaction, calling progress after each. Rows are also
     /// migrated when read and rewritten when changed; this is for a store read by older readers
@@ -496,6 +504,9 @@ public:
         std::uint64_t event_time = 0;        ///< the highest event time seen (ns; 0: none yet)
         std::optional<std::uint64_t> oldest; ///< stamp of the oldest inbox id
         std::uint64_t inbox_floor = 0;       ///< ids stamped before this may have been pruned
+        std::uint64_t jump_time = 0;         ///< a pending jump of the event time: its lowest time (0: none)
+        std::size_t jump_votes = 0;          ///< the events that agree on it so far
+        std::size_t jump_sources = 0;        ///< their distinct CloudEvents sources
     };
     /// Where a parked message is held: its stream, sequence, and the sequence the stream waits for.
     struct parked_record {

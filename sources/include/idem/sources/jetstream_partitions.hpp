@@ -20,6 +20,7 @@
 
 #include <idem/engine/engine.hpp>
 #include <idem/sources/jetstream.hpp>
+#include <idem/sources/partition_layout.hpp>  // partition_directory, the instance's directory
 
 #include <atomic>
 #include <chrono>
@@ -42,9 +43,6 @@ std::uint32_t partition_of_token(std::string_view token, std::uint32_t partition
 /// the key is first encoded as one subject token (percent-encoding '.', '*', '>', '%' and bytes
 /// outside 0x21-0x7E, "events" when empty), then hashed as the server does.
 std::uint32_t partition_of(std::string_view aggregate_key, std::uint32_t partitions);
-
-/// Returns the name of partition k's environment under an instance's directory: "p<k>".
-std::string partition_directory(std::uint32_t k);
 
 /// Options of an instance of a partitioned group.
 struct partitioned_options {
@@ -97,8 +95,12 @@ public:
 
     /// Takes free partitions, applies them, renews their leases and balances them with the other
     /// live instances until stop; then stops every partition and gives its lease up. Throws the
-    /// first fatal error of a partition run.
+    /// first error a partition's run ended with (its message names the partition), once every
+    /// partition is stopped; a partition that ended on the loss of its lease (errc::lease_lost, or
+    /// errc::broker_failed from a consumer its new owner deleted) goes on under its next owner.
     partitioned_result run();
+    /// Returns what run() did, also after it threw (then up to the error and the stop).
+    const partitioned_result& result() const;
     /// Asks run() to stop (thread-safe).
     void stop() noexcept;
 
