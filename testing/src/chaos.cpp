@@ -38,6 +38,7 @@ struct chaos::impl {
         for (std::size_t i = 0; i < envelopes.size(); ++i) {
             detail::event e;
             e.body = envelopes[i];
+            e.number = i + 1;
             parse_error err;
             if (!parser.parse(e.body, e.env, err)) {
                 if (out.malformed++ == 0) {

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <cstdlib>
 #include <random>
+#include <regex>
 #include <set>
 #include <string>
 #include <vector>
@@ -243,6 +244,30 @@ TEST_SUITE("chaos kit") {
         CHECK(resent);
         CHECK(r.difference->projection == "positions");
         CHECK(r.difference->key == "acct-1");
+    }
+
+    TEST_CASE("a shrunk schedule names each delivery by its event id, source and envelope number") {
+        // Envelopes that do not parse come first, so an event's position among the events that
+        // parse is not its envelope's number: only the id, the source and that number find it.
+        auto input = fills();
+        input.insert(input.begin(), {"{not json", "[]"});
+        auto r = run(positions(false), input);
+        check_caught(r, 2);
+        const std::regex named{R"(id (\S+) source (\S+) \(envelope (\d+): fill ord-\d\))"};
+        std::size_t found = 0;
+        for (const auto& s : r.steps) {
+            for (std::sregex_iterator m{s.begin(), s.end(), named}, end; m != end; ++m) {
+                ++found;
+                const auto number = std::stoul((*m)[3].str());
+                REQUIRE(number >= 1);
+                REQUIRE(number <= input.size());
+                const auto& text = input[number - 1];
+                CHECK_MESSAGE(text.find(R"("id":")" + (*m)[1].str() + R"(")") != std::string::npos, s);
+                CHECK_MESSAGE(text.find(R"("source":")" + (*m)[2].str() + R"(")") != std::string::npos, s);
+                CHECK(r.explain().find((*m)[0].str()) != std::string::npos);
+            }
+        }
+        CHECK(found == r.deliveries);
     }
 
     TEST_CASE("an increment without an effect key on a row several streams feed is reported") {
