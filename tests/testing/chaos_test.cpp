@@ -356,6 +356,36 @@ TEST_SUITE("chaos kit") {
         CHECK(reordered);
     }
 
+    TEST_CASE("schedules on several workers report the first failure in seed order, as one worker does") {
+        // A seed whose schedule passes (no re-send of a fill) and a later one that fails: the
+        // workers finish them in any order, the report must name the later seed all the same.
+        auto one = [](std::uint64_t seed, std::size_t schedules, std::size_t workers) {
+            idem::testing::chaos_options o;
+            o.seed = seed;
+            o.schedules = schedules;
+            o.workers = workers;
+            return run(positions(false), fills(), o);
+        };
+        std::uint64_t start = 1;
+        while (!one(start, 1, 1).ok()) ++start;
+        const auto alone = one(start, 8, 1);
+        REQUIRE_FALSE(alone.ok());
+        CHECK(alone.schedules >= 2);
+        for (std::size_t workers : {std::size_t{2}, std::size_t{3}}) {
+            const auto together = one(start, 8, workers);
+            CHECK(together.seed == alone.seed);
+            CHECK(together.schedules == alone.schedules);
+            CHECK(together.explain() == alone.explain());
+        }
+        // And a correct projection passes every schedule on several workers.
+        idem::testing::chaos_options o;
+        o.schedules = 20;
+        o.workers = 2;
+        const auto r = run(positions(true), fills(), o);
+        CHECK_MESSAGE(r.ok(), r.explain());
+        CHECK(r.schedules == 20);
+    }
+
     TEST_CASE("progress is told after each schedule, and a stop ends the run leaving no store behind") {
         const auto parent = std::filesystem::temp_directory_path() /
                             ("idem-chaos-stop-" + std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()));
