@@ -8,6 +8,7 @@
 #include "schedule.hpp"
 #include "shrink.hpp"
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -96,6 +97,17 @@ private:
 
     std::filesystem::path path_;
 };
+
+/// The cores this process may run on (its CPU affinity, as nproc counts them; a container's
+/// cpuset), else the machine's.
+std::size_t usable_cores() {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (::sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0) {
+        return static_cast<std::size_t>(CPU_COUNT(&set));
+    }
+    return std::max(1U, std::thread::hardware_concurrency());
+}
 
 }  // namespace
 
@@ -214,7 +226,7 @@ chaos_report chaos::run(std::span<const std::string> envelopes) const {
         }
     };
     // A forked child must come from a process of one thread: forked_crashes runs one worker.
-    const std::size_t cores = std::max(1U, std::thread::hardware_concurrency());
+    const std::size_t cores = usable_cores();
     const std::size_t workers =
         o.forked_crashes ? 1 : std::clamp<std::size_t>(o.workers != 0 ? o.workers : cores, 1, o.schedules);
     if (workers <= 1) {
