@@ -5,6 +5,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <functional>
 #include <new>
 #include <utility>
@@ -28,6 +29,8 @@ constexpr std::size_t inserts_per_page = 16;
 // below what a batch may wait.
 constexpr std::size_t pages_per_populate = 16;
 constexpr std::size_t page_bytes = 4096;
+// Tables up to this size come from the heap (see slot_table).
+constexpr std::size_t heap_table_bytes = std::size_t{128} << 10;
 
 // The size of the table that takes over when one of size entries reaches its limit: the
 // live entries without the tombstones, twice the size only if they would fill half of it.
@@ -36,6 +39,12 @@ std::size_t successor_size(std::size_t size, std::size_t live) { return (live + 
 }  // namespace
 
 id_log::slot_table::slot_table(std::size_t size, bool huge_pages) : size_(size) {
+    if (size * sizeof(slot) <= heap_table_bytes) {
+        data_ = static_cast<slot*>(std::calloc(size, sizeof(slot)));
+        if (data_ == nullptr) throw std::bad_alloc();
+        heap_ = true;
+        return;
+    }
     // Straight from the kernel: zero pages that cost nothing until touched. (calloc may hand
     // back reused heap memory and clear all of it at once, and touching every page of a
     // 32 MiB table at once stalls the writer for tens of milliseconds.)
@@ -50,6 +59,7 @@ id_log::slot_table::slot_table(std::size_t size, bool huge_pages) : size_(size) 
 std::size_t id_log::slot_table::pages() const noexcept { return (size_ * sizeof(slot) + page_bytes - 1) / page_bytes; }
 
 void id_log::slot_table::populate(std::size_t first, std::size_t count) noexcept {
+    if (heap_) return;  // calloc wrote it, or took it fresh from the kernel (a few pages)
     auto* start = reinterpret_cast<unsigned char*>(data_) + first * page_bytes;
     // Linux 5.14 on; an older kernel refuses the advice (EINVAL) and each page is written
     // instead (a write, so the page is the table's own: a read would map the shared zero page).
@@ -58,13 +68,16 @@ void id_log::slot_table::populate(std::size_t first, std::size_t count) noexcept
 }
 
 id_log::slot_table::slot_table(slot_table&& other) noexcept
-    : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
+    : data_(std::exchange(other.data_, nullptr)),
+      size_(std::exchange(other.size_, 0)),
+      heap_(std::exchange(other.heap_, false)) {}
 
 id_log::slot_table& id_log::slot_table::operator=(slot_table&& other) noexcept {
     if (this != &other) {
         release();
         data_ = std::exchange(other.data_, nullptr);
         size_ = std::exchange(other.size_, 0);
+        heap_ = std::exchange(other.heap_, false);
     }
     return *this;
 }
@@ -72,7 +85,12 @@ id_log::slot_table& id_log::slot_table::operator=(slot_table&& other) noexcept {
 id_log::slot_table::~slot_table() { release(); }
 
 void id_log::slot_table::release() noexcept {
-    if (data_ != nullptr) ::munmap(data_, size_ * sizeof(slot));
+    if (data_ == nullptr) return;
+    if (heap_) {
+        std::free(data_);
+    } else {
+        ::munmap(data_, size_ * sizeof(slot));
+    }
 }
 
 id_log::id_log(environment& env, const std::string& table, std::size_t extra_words)

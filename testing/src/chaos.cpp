@@ -8,13 +8,19 @@
 #include "schedule.hpp"
 #include "shrink.hpp"
 
+#include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cstdlib>
+#include <exception>
 #include <map>
+#include <mutex>
 #include <set>
 #include <stdexcept>
+#include <thread>
 
 namespace idem::testing {
 
@@ -38,6 +44,7 @@ struct chaos::impl {
         for (std::size_t i = 0; i < envelopes.size(); ++i) {
             detail::event e;
             e.body = envelopes[i];
+            e.number = i + 1;
             parse_error err;
             if (!parser.parse(e.body, e.env, err)) {
                 if (out.malformed++ == 0) {
@@ -91,6 +98,17 @@ private:
     std::filesystem::path path_;
 };
 
+/// The cores this process may run on (its CPU affinity, as nproc counts them; a container's
+/// cpuset), else the machine's.
+std::size_t usable_cores() {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (::sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0) {
+        return static_cast<std::size_t>(CPU_COUNT(&set));
+    }
+    return std::max(1U, std::thread::hardware_concurrency());
+}
+
 }  // namespace
 
 chaos::chaos(chaos_options options) : impl_(std::make_unique<impl>()) {
@@ -135,8 +153,10 @@ chaos_report chaos::run(std::span<const std::string> envelopes) const {
     context.rebuild = o.rebuild;
     context.stop = o.stop;
 
+    std::mutex references_mutex;
     std::map<std::vector<std::size_t>, detail::rows_image> references;
     auto reference = [&](const std::vector<std::size_t>& which) -> const detail::rows_image& {
+        std::scoped_lock lock{references_mutex};  // a map's entries stay put: the reference outlives the lock
         auto it = references.find(which);
         if (it == references.end()) it = references.emplace(which, detail::run_reference(context, events, which)).first;
         return it->second;
@@ -145,39 +165,119 @@ chaos_report chaos::run(std::span<const std::string> envelopes) const {
     report.events = events.size();
     report.malformed = parsed.malformed;
     report.first_malformed = std::move(parsed.first_malformed);
-    bool shrinking = false;
     // A schedule fails if its live store or its rebuild differs from the reference of the
     // events it delivers (a shrunk schedule may deliver fewer of them).
-    const detail::failure_test fails = [&](const std::vector<detail::step>& steps) -> std::optional<chaos_difference> {
+    auto difference = [&](const std::vector<detail::step>& steps, std::size_t& kills) -> std::optional<chaos_difference> {
         const auto& expected = reference(detail::events_of(steps));
         const auto got = detail::run_schedule(context, events, steps);
-        if (!shrinking) report.kills += got.kills;
+        kills += got.kills;
         if (auto d = detail::first_difference(expected, got.live, "live store")) return d;
         if (got.rebuilt) return detail::first_difference(expected, *got.rebuilt, "rebuild from the delivered log");
         return std::nullopt;
     };
 
-    for (std::size_t i = 0; i < o.schedules; ++i) {
-        detail::check_stop(context);
-        const auto seed = o.seed + i;
-        auto steps = detail::generate(seed, events, {o.resends, o.forked_crashes});
-        report.schedules = i + 1;
-        auto d = fails(steps);
-        if (!d) {
-            if (o.progress) o.progress(i + 1, o.schedules);
-            continue;
+    // Schedules are taken in seed order by the workers; the one reported is the first failing
+    // schedule in that order, the one a single worker would report, whatever finished first.
+    std::mutex mutex;
+    std::condition_variable changed;
+    std::size_t next = 0, passed = 0, running = 0;
+    std::optional<std::size_t> failed;  // the first failing schedule so far, and its difference
+    std::optional<chaos_difference> found;
+    std::optional<std::size_t> error_at;  // the first schedule that threw, and what it threw
+    std::exception_ptr error;
+    auto take = [&]() -> std::optional<std::size_t> {
+        std::scoped_lock lock{mutex};
+        if (next >= o.schedules || (failed && next > *failed) || error) return std::nullopt;
+        return next++;
+    };
+    auto run_one = [&](std::size_t i) {
+        std::size_t kills = 0;
+        std::optional<chaos_difference> d;
+        std::exception_ptr thrown;
+        try {
+            detail::check_stop(context);
+            d = difference(detail::generate(o.seed + i, events, {o.resends, o.forked_crashes}), kills);
+        } catch (...) {
+            thrown = std::current_exception();
         }
-        report.seed = seed;
-        report.steps_before = steps.size();
-        report.deliveries_before = detail::deliveries(steps);
-        shrinking = true;
-        auto small = detail::shrink(std::move(steps), std::move(*d), fails, o.max_shrink_runs);
-        for (const auto& s : small.steps) report.steps.push_back(detail::describe(s, events));
-        report.deliveries = detail::deliveries(small.steps);
-        report.confirmed = fails(small.steps).has_value();
-        report.difference = std::move(small.difference);
+        std::scoped_lock lock{mutex};
+        report.kills += kills;
+        if (thrown) {
+            if (!error_at || i < *error_at) {
+                error_at = i;
+                error = thrown;
+            }
+        } else if (d) {
+            if (!failed || i < *failed) {
+                failed = i;
+                found = std::move(d);
+            }
+        } else {
+            ++passed;
+        }
+        changed.notify_all();
+    };
+    // Progress is told on the calling thread, once for each schedule passed, until a stop.
+    std::size_t told = 0;
+    auto tell = [&](std::size_t upto) {
+        for (; told < upto && (context.stop == nullptr || !context.stop->load());) {
+            ++told;
+            if (o.progress) o.progress(told, o.schedules);
+        }
+    };
+    // A forked child must come from a process of one thread: forked_crashes runs one worker.
+    const std::size_t cores = usable_cores();
+    const std::size_t workers =
+        o.forked_crashes ? 1 : std::clamp<std::size_t>(o.workers != 0 ? o.workers : cores, 1, o.schedules);
+    if (workers <= 1) {
+        while (auto i = take()) {
+            run_one(*i);
+            tell(passed);
+        }
+    } else {
+        std::vector<std::jthread> threads;
+        running = workers;
+        for (std::size_t k = 0; k < workers; ++k) {
+            threads.emplace_back([&] {
+                while (auto i = take()) run_one(*i);
+                std::scoped_lock lock{mutex};
+                --running;
+                changed.notify_all();
+            });
+        }
+        std::unique_lock lock{mutex};
+        for (;;) {
+            changed.wait(lock, [&] { return running == 0 || passed > told; });
+            const auto upto = passed;
+            const bool finished = running == 0;
+            lock.unlock();
+            tell(upto);
+            lock.lock();
+            if (finished) break;
+        }
+    }
+    detail::check_stop(context);
+    if (error && (!failed || *error_at < *failed)) std::rethrow_exception(error);
+    if (!failed) {
+        report.schedules = o.schedules;
         return report;
     }
+    const auto seed = o.seed + *failed;
+    auto steps = detail::generate(seed, events, {o.resends, o.forked_crashes});
+    report.schedules = *failed + 1;
+    report.seed = seed;
+    report.steps_before = steps.size();
+    report.deliveries_before = detail::deliveries(steps);
+    // Shrinking runs one schedule at a time (its kills are not counted).
+    const detail::failure_test fails = [&](const std::vector<detail::step>& candidate) {
+        std::size_t kills = 0;
+        return difference(candidate, kills);
+    };
+    auto small = detail::shrink(std::move(steps), std::move(*found), fails, o.max_shrink_runs);
+    for (const auto& s : small.steps) report.steps.push_back(detail::describe(s, events));
+    report.deliveries = detail::deliveries(small.steps);
+    report.confirmed = fails(small.steps).has_value();
+    report.difference = std::move(small.difference);
     return report;
 }
 

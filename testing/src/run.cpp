@@ -90,10 +90,19 @@ public:
     void open() {
         store_ = std::make_unique<store>(options_);
         for (const auto& install : c_.installers) install(*store_);
+        environment_ = idem::detail::store_env(*store_);
     }
-    void close() { store_.reset(); }
+    void close() {
+        store_.reset();
+        environment_.reset();
+    }
+    // A crashed process loses its store object: every index, cache and parked entry it held
+    // in memory, and its open write transaction (aborted: none of its pages reach the map).
+    // What it committed stays in the page cache (durability::none), which is what the LMDB
+    // environment maps, so the next store rebuilds everything from the environment kept open
+    // here instead of mapping the same pages again (forked children still open their own).
     void reopen() {
-        close();
+        store_.reset();
         open();
     }
 
@@ -178,6 +187,7 @@ private:
     std::shared_ptr<std::uint64_t> clock_ = std::make_shared<std::uint64_t>(1'700'000'000'000'000'000ULL);
     std::shared_ptr<bool> crash_next_commit_ = std::make_shared<bool>(false);
     std::unique_ptr<store> store_;
+    std::shared_ptr<environment> environment_;  ///< kept open across in-process crashes (see reopen)
     std::size_t kills_ = 0;
 };
 

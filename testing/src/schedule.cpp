@@ -146,9 +146,11 @@ namespace {
 
 std::string describe(const delivery_step& d, const std::vector<event>& events) {
     const auto& env = events[d.event].env;
-    std::string out = "e" + std::to_string(d.event + 1) + " " + env.type;
+    std::string out = "id " + env.id + " source " + env.source + " (envelope " +
+                      std::to_string(events[d.event].number) + ": " + env.type;
     if (!env.subject.empty()) out += " " + env.subject;
     if (env.sequence) out += "#" + std::to_string(*env.sequence);
+    out += ")";
     switch (d.kind) {
         case copy_kind::original:
             break;

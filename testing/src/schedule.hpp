@@ -13,8 +13,9 @@ namespace idem::testing::detail {
 
 /// One distinct event of the input.
 struct event {
-    std::string body;  ///< as given
-    envelope env;      ///< parsed
+    std::string body;        ///< as given
+    envelope env;            ///< parsed
+    std::size_t number = 0;  ///< its envelope's number in the input, from 1 (a log's record number)
 };
 
 /// Which copy of an event a delivery carries.
@@ -62,7 +63,9 @@ std::vector<step> generate(std::uint64_t seed, const std::vector<event>& events,
 /// Returns the body a delivery carries.
 std::string body_of(const event& e, const delivery_step& d);
 
-/// Describes a step in one line ("deliver [...] then crash before the commit; reopen; redeliver").
+/// Describes a step in one line ("deliver [...] then crash before the commit; reopen; redeliver"),
+/// each delivery by its event's id and source, its envelope's number in the input, type,
+/// subject and sequence, so it can be found in the log.
 std::string describe(const step& s, const std::vector<event>& events);
 
 /// Returns the number of deliveries in steps.

@@ -132,6 +132,12 @@ class chaos_test(cli_case):
             self.assertIn("10 schedule(s) over 15 event(s) matched the reference", r.stdout, domain)
         r = run("chaos", "--log", self.path("orders.jsonl"), "--schedules", 3, "--fork")
         self.assertIn("3 schedule(s)", r.stdout)
+        for workers in (1, 3):
+            r = run("chaos", "--log", self.path("game.jsonl"), "--schedules", 4, "--workers", workers)
+            self.assertIn("4 schedule(s) over 15 event(s) matched the reference", r.stdout, workers)
+        r = run("chaos", "--log", self.path("game.jsonl"), "--workers", 0, check=False)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("--workers", r.stderr)
         bad = self.path("bad.jsonl")
         with open(bad, "w") as f:
             f.write('{"specversion":"1.0","source":"/x","type":"order.line_added"}\n')

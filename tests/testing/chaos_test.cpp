@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <cstdlib>
 #include <random>
+#include <regex>
 #include <set>
 #include <string>
 #include <vector>
@@ -245,6 +246,30 @@ TEST_SUITE("chaos kit") {
         CHECK(r.difference->key == "acct-1");
     }
 
+    TEST_CASE("a shrunk schedule names each delivery by its event id, source and envelope number") {
+        // Envelopes that do not parse come first, so an event's position among the events that
+        // parse is not its envelope's number: only the id, the source and that number find it.
+        auto input = fills();
+        input.insert(input.begin(), {"{not json", "[]"});
+        auto r = run(positions(false), input);
+        check_caught(r, 2);
+        const std::regex named{R"(id (\S+) source (\S+) \(envelope (\d+): fill ord-\d\))"};
+        std::size_t found = 0;
+        for (const auto& s : r.steps) {
+            for (std::sregex_iterator m{s.begin(), s.end(), named}, end; m != end; ++m) {
+                ++found;
+                const auto number = std::stoul((*m)[3].str());
+                REQUIRE(number >= 1);
+                REQUIRE(number <= input.size());
+                const auto& text = input[number - 1];
+                CHECK_MESSAGE(text.find(R"("id":")" + (*m)[1].str() + R"(")") != std::string::npos, s);
+                CHECK_MESSAGE(text.find(R"("source":")" + (*m)[2].str() + R"(")") != std::string::npos, s);
+                CHECK(r.explain().find((*m)[0].str()) != std::string::npos);
+            }
+        }
+        CHECK(found == r.deliveries);
+    }
+
     TEST_CASE("an increment without an effect key on a row several streams feed is reported") {
         auto r = run(match_points(false), scores());
         check_caught(r, 2);
@@ -329,6 +354,36 @@ TEST_SUITE("chaos kit") {
             reordered = s.find("order-1#2") < s.find("order-1#1");
         }
         CHECK(reordered);
+    }
+
+    TEST_CASE("schedules on several workers report the first failure in seed order, as one worker does") {
+        // A seed whose schedule passes (no re-send of a fill) and a later one that fails: the
+        // workers finish them in any order, the report must name the later seed all the same.
+        auto one = [](std::uint64_t seed, std::size_t schedules, std::size_t workers) {
+            idem::testing::chaos_options o;
+            o.seed = seed;
+            o.schedules = schedules;
+            o.workers = workers;
+            return run(positions(false), fills(), o);
+        };
+        std::uint64_t start = 1;
+        while (!one(start, 1, 1).ok()) ++start;
+        const auto alone = one(start, 8, 1);
+        REQUIRE_FALSE(alone.ok());
+        CHECK(alone.schedules >= 2);
+        for (std::size_t workers : {std::size_t{2}, std::size_t{3}}) {
+            const auto together = one(start, 8, workers);
+            CHECK(together.seed == alone.seed);
+            CHECK(together.schedules == alone.schedules);
+            CHECK(together.explain() == alone.explain());
+        }
+        // And a correct projection passes every schedule on several workers.
+        idem::testing::chaos_options o;
+        o.schedules = 20;
+        o.workers = 2;
+        const auto r = run(positions(true), fills(), o);
+        CHECK_MESSAGE(r.ok(), r.explain());
+        CHECK(r.schedules == 20);
     }
 
     TEST_CASE("progress is told after each schedule, and a stop ends the run leaving no store behind") {

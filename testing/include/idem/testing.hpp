@@ -51,9 +51,15 @@ struct chaos_options {
     /// mid_batch, before_commit, after_commit, during_prune); in-process crashes always run.
     bool forked_crashes = false;
     bool rebuild = true;                ///< also rebuild each schedule's delivered log and compare it
+    /// Schedules run at once, each on a thread of its own with stores of its own (0: one per
+    /// core). The default, 1, runs them on the calling thread: more runs the projections'
+    /// handlers on that many threads at once, which only handlers without shared state allow.
+    /// The failure reported is the first in seed order whatever the number. forked_crashes runs
+    /// one at a time (a child is forked from one thread).
+    std::size_t workers = 1;
     std::size_t max_shrink_runs = 400;  ///< schedules tried while shrinking a failure
     std::filesystem::path directory{};  ///< where the stores go (default: see the file comment)
-    /// Called after each schedule with (schedules done, schedules to run), on the calling thread.
+    /// Called after each schedule that passed with (schedules done, schedules to run), on the calling thread.
     std::function<void(std::size_t, std::size_t)> progress{};
     /// When set and it becomes true, run() stops at its next step and throws std::system_error
     /// (std::errc::operation_canceled), having removed its stores (a Ctrl-C handler sets it).

@@ -25,6 +25,7 @@ int chaos(const tool_context& t, const arguments& a) {
     o.seed = a.number("seed", o.seed);
     o.resends = !a.flag("no-resends");
     o.forked_crashes = a.flag("fork");
+    if (a.get("workers")) o.workers = a.positive("workers", 1);
 
     // Envelope N of the kit's messages is the log's record N.
     std::vector<std::string> envelopes;
@@ -83,7 +84,8 @@ command chaos_command(context_fn t) {
          {"schedules", "N", "number of schedules (default 100)"},
          {"seed", "S", "seed of the first schedule (default 1; schedule i uses S + i)"},
          {"fork", "", "also kill forked children with SIGKILL at the store's crash points"},
-         {"no-resends", "", "never re-send an event under a new event id (sources that keep ids stable)"}},
+         {"no-resends", "", "never re-send an event under a new event id (sources that keep ids stable)"},
+         {"workers", "N", "schedules run at once, each on a thread (default 1; more only for handlers without shared state; --fork runs one)"}},
         [t](const arguments& a) { return chaos(t(), a); }};
 }
 

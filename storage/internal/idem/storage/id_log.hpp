@@ -123,7 +123,9 @@ private:
         std::uint64_t position = 0;  // position + 1; 0 marks an empty slot
     };
     // A power-of-two table of slots in its own anonymous mapping: it arrives as untouched zero
-    // pages, so making one costs no pass over its memory.
+    // pages, so making one costs no pass over its memory. A small one (128 KiB at most) comes
+    // zeroed from the heap instead: unmapping a table costs a TLB flush on every core that ran
+    // the process, far more than clearing 128 KiB, and a store makes one per id log at each open.
     class slot_table {
     public:
         slot_table() = default;
@@ -148,6 +150,7 @@ private:
         void release() noexcept;
         slot* data_ = nullptr;
         std::size_t size_ = 0;
+        bool heap_ = false;  // from the heap (small), not a mapping of its own
     };
     // A staged id's bytes are [offset, offset + size) of staged_bytes_: one buffer that keeps
     // its capacity from batch to batch, so staging an id allocates nothing.
