@@ -4,7 +4,8 @@
 //   impl::run              one transaction: deliver all, prune what expired, finish, commit
 //   deliver_all            each delivery in order, its outcome counted, the checkpoint staged
 //   deliver                the inbox: a message id seen before is a duplicate (or, with other
-//                          content, an id conflict), else recorded with this batch
+//                          content, an id conflict), else recorded with this batch; the lookups
+//                          are inbox_lookup.cpp
 //   process                the stream: a sequence at or below the stream's is a duplicate, one
 //                          past a gap is parked; unsequenced: the event-time horizon
 //   release_parked         the parked successors a sequence frees, each prepared as a delivery
@@ -15,10 +16,13 @@
 //                          checkpoint, counters and the commit number, in the same transaction
 //
 // Outcomes are returned only after the commit succeeded. The guards these steps consult follow
-// them; what they read (rows, streams, parked events) is batch_reads.cpp, and the operator's
-// view of a run is operator_run.cpp.
+// them; what they read (rows, streams, parked events) is batch_reads.cpp, what they bring into
+// cache ahead of time batch_prefetch.cpp, the texts their outcomes carry outcome_texts.cpp, and
+// the operator's view of a run is operator_run.cpp.
 
 #include "store_internal.hpp"
+
+#include "outcome_texts.hpp"
 
 #include <idem/projections/explain.hpp>
 
@@ -107,12 +111,8 @@ std::vector<outcome> batch_run::deliver_all(std::span<const std::unique_ptr<prep
     source_ = at.size() == 1 ? at.front().source : std::string();
     std::vector<outcome> outcomes;
     outcomes.reserve(batch.size());
-    constexpr std::size_t ahead = 8;  // deliveries whose index slots are fetched while earlier ones apply
     for (std::size_t i = 0; i < batch.size(); ++i) {
-        if (i + 3 * ahead < batch.size()) prefetch_item(*batch[i + 3 * ahead]);
-        if (i + 2 * ahead < batch.size()) prefetch_parts(*batch[i + 2 * ahead]);
-        if (i + ahead + ahead / 2 < batch.size()) prefetch_slots(*batch[i + ahead + ahead / 2]);
-        if (i + ahead < batch.size()) prefetch(*batch[i + ahead]);
+        prefetch_ahead(batch, i);  // what later deliveries read comes in while this one applies
         if (i == batch.size() / 2 && i != 0) crash_point("mid_batch");
         outcomes.push_back(deliver(*batch[i]));
         outcomes.back().commit = commit_;
@@ -133,56 +133,6 @@ std::vector<outcome> batch_run::deliver_all(std::span<const std::unique_ptr<prep
     return outcomes;
 }
 
-// A batch was prepared on another thread: its items are in that core's cache, and each
-// dependent load prefetch() makes (the item, its parts, their hash arrays) would stall on a
-// miss of its own. These bring them in over earlier deliveries, one level per stage.
-void batch_run::prefetch_item(const item& d) noexcept {
-    __builtin_prefetch(&d.err.why);
-    __builtin_prefetch(&d.message_hash);
-    __builtin_prefetch(&d.ev.sequence);
-    __builtin_prefetch(&d.parts);
-}
-
-void batch_run::prefetch_parts(const item& d) noexcept {
-    if (d.err.why != reason::none) return;
-    for (const auto& pt : d.parts) {
-        __builtin_prefetch(pt.contributor_hashes.data());
-        __builtin_prefetch(pt.key_hashes.data());
-    }
-}
-
-// The batch's row and stream tables: their slots first, so that prefetch() reads each slot
-// from cache to find the entry it fetches.
-void batch_run::prefetch_slots(const item& d) const noexcept {
-    if (d.err.why != reason::none) return;
-    if (d.ev.sequence) streams_.prefetch_slot(d.subject_hash);
-    for (const auto& pt : d.parts) {
-        if (pt.projection < rows_.size()) {
-            for (auto h : pt.key_hashes) rows_[pt.projection].prefetch_slot(h);
-        }
-        for (auto h : pt.key_hashes) s_.journals[pt.projection]->prefetch_slot(h);
-    }
-}
-
-void batch_run::prefetch(const item& d) const noexcept {
-    if (d.err.why != reason::none) return;
-    s_.ids->prefetch(d.message_hash);
-    if (!d.event_key.empty()) {
-        s_.ids->prefetch(d.event_key_hash);
-        s_.event_contents->prefetch(d.event_key_hash);
-    } else {
-        s_.event_contents->prefetch(d.message_hash);
-    }
-    if (d.ev.sequence) streams_.prefetch(d.subject_hash);
-    for (const auto& pt : d.parts) {
-        for (auto h : pt.contributor_hashes) s_.contributors[pt.projection]->prefetch(h);
-        if (pt.projection < rows_.size()) {
-            for (auto h : pt.key_hashes) rows_[pt.projection].prefetch(h);
-        }
-        for (auto h : pt.key_hashes) s_.journals[pt.projection]->prefetch(h);
-    }
-}
-
 outcome batch_run::deliver(const item& d) {
     const bool malformed = d.err.why != reason::none;
     // Without a valid envelope only a transport id can identify a redelivery.
@@ -190,62 +140,13 @@ outcome batch_run::deliver(const item& d) {
     if (malformed && !d.transport_id.empty()) transport = transport_message_id(d.transport, d.transport_id);
     const std::string& message_id = malformed ? transport : d.message_id;
     const auto hash = malformed ? id_log::hash_of(message_id) : d.message_hash;
-    auto label = [&] { return malformed ? std::string("message") : describe(d.ev) + ": message"; };
     std::optional<std::string> collision;  // the transport id was first used by another event
-    if (!message_id.empty()) {
-        if (auto first = s_.ids->find(txn_, message_id, hash)) {
-            const auto first_commit = first->position == 0 ? commit_ : layout::inbox_commit(first->extra[1]);
-            // A signed id names the message whatever the unsigned rest of the delivery says.
-            if (d.signed_message_id) return duplicate(label(), message_id, first_commit, first->extra[1]);
-            if (first->extra[2] != d.identity && !message_id.starts_with("e")) {
-                // A transport id is unique within its transport only as far as the transport keeps
-                // it so: another event under it is reported, and judged on its own as a new message.
-                ++stats.transport_collisions;
-                collision = label() + " " + layout::describe_message_id(message_id) + " was first used in commit " +
-                            std::to_string(first_commit) +
-                            " by another event: a transport id collision, judged as a new message";
-            } else if (first->extra[0] != 0 && first->extra[0] != d.fingerprint) {
-                // Same id, other content: the first effect stands; this one is kept for the operator.
-                ++stats.id_conflicts;
-                return dead(d, reason::id_conflict,
-                            label() + " " + layout::describe_message_id(message_id) + " was first processed in commit " +
-                                std::to_string(first_commit) + " with other content (fingerprint " +
-                                std::to_string(first->extra[0]) + ", this delivery " + std::to_string(d.fingerprint) +
-                                "); the first effect stands",
-                            message_id);
-            } else {
-                return duplicate(label(), message_id, first_commit, first->extra[1]);
-            }
-        }
-    }
+    if (auto seen = seen_message(d, message_id, hash, malformed, collision)) return std::move(*seen);
     // An event id names one event whatever transport carries it: under a new message id, an event
-    // id processed with other content is an id conflict too. Its first delivery is in the inbox
-    // under the event id (it came without a transport id) or in event_contents (it came under
-    // one): index probes, an LMDB read only on a hit.
+    // id processed with other content is an id conflict too.
     std::optional<outcome> conflict;
-    bool record_contents = false;
-    if (!malformed) {
-        const bool transported = !d.event_key.empty();
-        const auto& key = transported ? d.event_key : message_id;
-        const auto key_hash = transported ? d.event_key_hash : hash;
-        // event_contents first: the inbox's entry under the event id may be a later delivery
-        // without a transport id that was itself an id conflict. Both keep the first delivery's
-        // shape: another type, version or sequence is a republication (an upcast, a corrected
-        // position), judged by the guards.
-        auto seen = s_.event_contents->find(txn_, key, key_hash);
-        if (!seen && transported) seen = s_.ids->find(txn_, key, key_hash);
-        if (seen && seen->extra[0] != 0 && seen->extra[0] != d.fingerprint && seen->extra[2] == d.shape) {
-            ++stats.id_conflicts;
-            const auto first_commit = seen->position == 0 ? commit_ : layout::inbox_commit(seen->extra[1]);
-            conflict = dead(d, reason::id_conflict,
-                            label() + " " + layout::describe_message_id(message_id) +
-                                ": its event id was first processed in commit " + std::to_string(first_commit) +
-                                " under another message id with other content (fingerprint " +
-                                std::to_string(seen->extra[0]) + ", this delivery " + std::to_string(d.fingerprint) +
-                                "); the first effect stands");
-        }
-        record_contents = transported && !seen;
-    }
+    bool record_contents = false;  // event_contents records the event id (it came under a transport id)
+    if (!malformed) conflict = event_id_conflict(d, message_id, hash, record_contents);
     clock_before_ = clock_.event_time;
     // A conflict is the same event again: it neither votes nor moves the clock.
     const bool future = !conflict && d.time_ns && ahead(*d.time_ns, d.identity, d.ev.source);
@@ -257,45 +158,27 @@ outcome batch_run::deliver(const item& d) {
     const bool record = !message_id.empty() && !collision;
     if (record) s_.ids->stage(message_id, stamp, hash);
     // Transport ids ('m' unnamed transport, 't' named) are what `why --event` must map back to the event.
-    if (record && !malformed && (message_id.starts_with('m') || message_id.starts_with('t'))) {
+    if (record && !malformed && layout::is_transport_key(message_id)) {
         s_.event_ids->stage(message_id, d.ev, stamp);
     }
     auto result = conflict  ? std::move(*conflict)
-                  : malformed ? dead(d, d.err.why, "malformed event: " + d.err.detail, message_id)
+                  : malformed ? dead(d, d.err.why, outcome_text::malformed(d.err.detail), message_id)
                               : process(d, future);
     // An entry under the event id itself is its own identity: it keeps the event's shape instead.
-    const std::array<std::uint64_t, id_log::max_extra> extra{d.fingerprint,
-                                                             layout::inbox_word(commit_, result.kind, result.why),
-                                                             message_id.starts_with('e') ? d.shape : d.identity};
-    if (record) s_.ids->annotate_last(extra);
+    layout::inbox_first first{d.fingerprint, commit_, result.kind, result.why,
+                              layout::is_event_key(message_id) ? d.shape : d.identity};
+    if (record) s_.ids->annotate_last(layout::encode_inbox_first(first));
     if (record_contents) {
         s_.event_contents->stage(d.event_key, stamp, d.event_key_hash);
-        s_.event_contents->annotate_last({d.fingerprint, extra[1], d.shape});  // keyed by the event id, as 'e' entries
+        first.event_mark = d.shape;  // keyed by the event id, as event-key entries are
+        s_.event_contents->annotate_last(layout::encode_inbox_first(first));
     }
     if (collision) {
-        *collision += ": " + std::string(to_string(result.kind)) +
-                      (result.why != reason::none ? " (" + std::string(to_string(result.why)) + ")" : std::string());
+        outcome_text::append_collision_outcome(*collision, result);
         collisions_.push_back(layout::encode_dead_letter(reason::transport_collision, *collision, message_id, d.body, time_ns_));
         result.detail = result.detail.empty() ? *collision : *collision + "; " + result.detail;
     }
     return result;
-}
-
-// A message already in the inbox. It says what the first delivery did (and why, when it was
-// dead-lettered), so that a source answers a retry as it answered the first delivery.
-outcome batch_run::duplicate(const std::string& label, std::string_view message_id, std::uint64_t first_commit,
-                             std::uint64_t inbox_word) {
-    outcome o{outcome_kind::duplicate_message, reason::none,
-              label + " " + layout::describe_message_id(message_id) + " already processed in commit " +
-                  std::to_string(first_commit),
-              0};
-    o.first = layout::inbox_outcome(inbox_word);
-    if (o.first == outcome_kind::dead_lettered) {
-        o.why = layout::inbox_reason(inbox_word);
-        o.detail += ", where it was dead-lettered" +
-                    (o.why != reason::none ? " (" + std::string(to_string(o.why)) + ")" : std::string());
-    }
-    return o;
 }
 
 outcome batch_run::process(const item& d, bool future) {
@@ -311,43 +194,30 @@ outcome batch_run::process(const item& d, bool future) {
     // The parked key escapes the subject (at most doubling it) and appends 10 bytes: measure only when it may not fit.
     if (2 * ev.subject.size() + 10 > txn_.env().max_key_size() &&
         layout::parked_key(ev.subject, seq).size() > txn_.env().max_key_size()) {
-        return dead(d, reason::key_too_long,
-                    describe(ev) + ": subject of " + std::to_string(ev.subject.size()) +
-                        " bytes is too long to track its stream (limit ~500 bytes)");
+        return dead(d, reason::key_too_long, outcome_text::subject_too_long(ev));
     }
     auto& entry = stream(ev.subject, d.subject_hash);  // a reference into a deque: stable while the batch runs
     auto& st = entry.value;
     const auto highest = st.highest;
     if (seq <= highest) {
-        return outcome{outcome_kind::duplicate_event, reason::none,
-                       describe(ev) + ": sequence " + std::to_string(seq) + " of '" + layout::truncate(ev.subject) +
-                           "' already applied (stream at " + std::to_string(highest) + ")",
-                       0};
+        return outcome{outcome_kind::duplicate_event, reason::none, outcome_text::sequence_applied(ev, seq, highest), 0};
     }
     if (seq > highest + 1) {
         if (s_.options.gaps == gap_policy::reject) {
-            return dead(d, reason::sequence_gap,
-                        describe(ev) + ": sequence " + std::to_string(seq) + " of '" + layout::truncate(ev.subject) +
-                            "' skips ahead of " + std::to_string(highest + 1));
+            return dead(d, reason::sequence_gap, outcome_text::sequence_gap(ev, seq, highest + 1));
         }
         if (s_.options.gaps == gap_policy::park) {
             auto key = layout::parked_key(ev.subject, seq);
             if (auto existing = parked_value(key)) {
                 if (parked_event_id(*existing) == ev.event_id()) {
-                    return outcome{outcome_kind::duplicate_event, reason::none,
-                                   describe(ev) + ": already parked at sequence " + std::to_string(seq), 0};
+                    return outcome{outcome_kind::duplicate_event, reason::none, outcome_text::already_parked(ev, seq), 0};
                 }
-                return dead(d, reason::sequence_conflict,
-                            describe(ev) + ": sequence " + std::to_string(seq) + " of '" + layout::truncate(ev.subject) +
-                                "' is already held by another event");
+                return dead(d, reason::sequence_conflict, outcome_text::sequence_held(ev, seq));
             }
             parked_[key] = layout::encode_parked(d.message_id, ev.event_id(), d.body);
             parked_possible_ = true;
             ++st.parked;
-            return outcome{outcome_kind::parked, reason::none,
-                           describe(ev) + ": sequence " + std::to_string(seq) + " of '" + layout::truncate(ev.subject) +
-                               "' waits for " + std::to_string(highest + 1),
-                           0};
+            return outcome{outcome_kind::parked, reason::none, outcome_text::parked(ev, seq, highest + 1), 0};
         }
     }
     // A dead-lettered event still moves its stream on: it is kept for the operator, and
@@ -410,16 +280,14 @@ outcome batch_run::apply_projections(const item& d) {
             const auto& contributor = pt.contributors[k];
             if (contributor.size() > limit) {
                 return dead(d, reason::key_too_long,
-                            describe(ev) + ", projection '" + proj.name() + "': row key '" + layout::truncate(key) + "' (" +
-                                std::to_string(key.size()) + " bytes) with its effect key (" +
-                                std::to_string(effect ? effect->size() : ev.event_id().size()) +
-                                " bytes) exceeds LMDB's " + std::to_string(limit) + "-byte key limit");
+                            outcome_text::key_too_long(ev, proj.name(), key,
+                                                       effect ? effect->size() : ev.event_id().size(), limit));
             }
             row_entry* loaded = nullptr;
             try {
                 loaded = &load_row(p, key, pt.key_hashes[k]);
             } catch (const migration_failed& e) {
-                return dead(d, reason::upcast_failed, describe(ev) + ", row '" + layout::truncate(key) + "': " + e.what());
+                return dead(d, reason::upcast_failed, outcome_text::upcast_failed(ev, key, e.what()));
             }
             auto& slot = loaded->value;
             const bool own_stream = ev.sequence && key == ev.subject;
@@ -431,23 +299,19 @@ outcome batch_run::apply_projections(const item& d) {
             try {
                 pt.handler->apply(in_place ? *slot.state : *copy, pt.decoded.get(), m);
             } catch (const std::exception& e) {
-                return dead(d, reason::handler_failed,
-                            describe(ev) + ", projection '" + proj.name() + "', row '" + layout::truncate(key) +
-                                "': handler threw: " + e.what());
+                return dead(d, reason::handler_failed, outcome_text::handler_threw(ev, proj.name(), key, e.what()));
             }
             staged.push_back(staged_change{p, loaded, std::move(copy), &contributor, pt.contributor_hashes[k], own_stream});
         }
     }
     if (!handled) {
         if (s_.options.unknown_types == unknown_type_policy::dead_letter) {
-            return dead(d, reason::unknown_type,
-                        describe(ev) + ": no projection handles type '" + layout::truncate(ev.type) + "'");
+            return dead(d, reason::unknown_type, outcome_text::unknown_type(ev));
         }
-        return outcome{outcome_kind::ignored, reason::none, describe(ev) + ": no projection handles " + ev.type, 0};
+        return outcome{outcome_kind::ignored, reason::none, outcome_text::not_handled(ev), 0};
     }
     if (staged.empty()) {
-        return outcome{outcome_kind::duplicate_event, reason::none,
-                       describe(ev) + ": every row it maps to already holds its effect", 0};
+        return outcome{outcome_kind::duplicate_event, reason::none, outcome_text::every_row_holds(ev), 0};
     }
     // All handlers succeeded: only now does the event touch the batch's rows. Contributing-set
     // entries carry the event time (the horizon prunes by it), or the consumer's without one.
@@ -655,22 +519,11 @@ outcome batch_run::future_event(const item& d) {
     ++stats.future_events;
     const auto& ev = d.ev;
     const auto skew = format_duration(*s_.options.retention.max_future_skew);
-    std::string why;
-    if (clock_.event_time == 0) {
-        why = " is " + std::to_string((*d.time_ns - time_ns_) / 1'000'000) +
-              " ms ahead of the wall clock, more than the allowed skew of " + skew +
-              ", and the consumer has no event time yet";
-    } else {
-        why = " is " + std::to_string((*d.time_ns - clock_.event_time) / 1'000'000) +
-              " ms ahead of the consumer's event time, more than the allowed skew of " + skew;
-    }
-    if (beyond_wall(*d.time_ns)) {
-        why += "; it is also past the wall clock, where only events of two sources agreeing confirm a jump (" +
-               std::to_string(clock_.jump_sources.size()) + " source" + (clock_.jump_sources.size() == 1 ? "" : "s") +
-               " so far)";
-    }
-    return dead(d, reason::future_event,
-                describe(ev) + ": event time " + ev.time + why + "; it did not move the event-time horizon");
+    const bool no_event_time = clock_.event_time == 0;
+    const auto ahead_ms = (*d.time_ns - (no_event_time ? time_ns_ : clock_.event_time)) / 1'000'000;
+    std::optional<std::size_t> past_wall_sources;
+    if (beyond_wall(*d.time_ns)) past_wall_sources = clock_.jump_sources.size();
+    return dead(d, reason::future_event, outcome_text::future_event(ev, ahead_ms, no_event_time, skew, past_wall_sources));
 }
 
 std::optional<outcome> batch_run::late(const item& d) {
@@ -685,16 +538,11 @@ std::optional<outcome> batch_run::late(const item& d) {
     const auto& time = d.time_ns;
     if (!time) {
         ++stats.late_events;
-        return dead(d, reason::late_event,
-                    describe(ev) + ": no usable time ('" + layout::truncate(ev.time) +
-                        "'): with an event-time horizon an unsequenced event needs one to be proven new");
+        return dead(d, reason::late_event, outcome_text::no_usable_time(ev));
     }
     if (*time >= floor) return std::nullopt;
     ++stats.late_events;
-    return dead(d, reason::late_event,
-                describe(ev) + ": event time " + ev.time + " is older than the horizon (" +
-                    std::to_string((floor - *time) / 1'000'000) +
-                    " ms before it) and no sequence proves it new; its contributing sets may be pruned");
+    return dead(d, reason::late_event, outcome_text::older_than_horizon(ev, (floor - *time) / 1'000'000));
 }
 
 bool batch_run::holds(std::size_t p, const std::string& contributor, std::uint64_t hash) const {

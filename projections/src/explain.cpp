@@ -2,6 +2,8 @@
 
 #include "upcast_chain.hpp"
 
+#include <idem/projections/layout.hpp>
+
 #include <idem/storage/duration.hpp>
 #include <idem/storage/envelope.hpp>
 #include <idem/storage/error.hpp>
@@ -198,7 +200,7 @@ explanation explain(const snapshot& snap, std::string_view consumer_name, const 
             detail = label + " was a duplicate message" + when;
             break;
         }
-        if ((x.message_id.starts_with('m') || x.message_id.starts_with('t')) && !q.source.empty()) {
+        if (layout::is_transport_key(x.message_id) && !q.source.empty()) {
             const auto [transport, id] = split_message_id(x.message_id);
             detail += "; it was delivered under transport message id '" + std::string(id) + "'" +
                       (transport.empty() ? std::string() : " of transport " + std::string(transport));

@@ -338,11 +338,13 @@ std::optional<inbox_entry> decode_inbox_entry(std::string_view v) {
     if (v.size() < inbox_header) return std::nullopt;
     inbox_entry e;
     e.record.stamp = codec::get_u64_le(v);
-    e.record.fingerprint = codec::get_u64_le(v.substr(8));
-    const auto word = codec::get_u64_le(v.substr(16));
-    e.record.commit = inbox_commit(word);
-    e.record.outcome = inbox_outcome(word);
-    e.record.why = inbox_reason(word);
+    inbox_words words{};
+    for (std::size_t w = 0; w < words.size(); ++w) words[w] = codec::get_u64_le(v.substr(8 * (w + 1)));
+    const auto first = decode_inbox_first(words);
+    e.record.fingerprint = first.fingerprint;
+    e.record.commit = first.commit;
+    e.record.outcome = first.outcome;
+    e.record.why = first.why;
     e.message_id = v.substr(inbox_header);
     return e;
 }

@@ -287,7 +287,7 @@ std::optional<std::pair<std::string, consumer_view::inbox_record>> consumer_view
         if (!entry || !entry->message_id.ends_with(transport_id)) continue;
         // A transport id ("m..." or "t<n>:<transport>..."), not an event id that ends alike.
         const auto key = entry->message_id;
-        if (!key.starts_with('m') && !key.starts_with('t')) continue;
+        if (!layout::is_transport_key(key)) continue;
         if (split_message_id(key).second != transport_id) continue;
         return std::pair{std::string(key), entry->record};
     }

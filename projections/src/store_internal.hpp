@@ -283,16 +283,27 @@ private:
     };
     using item = prepared_batch::item;
 
-    // In the order a delivery meets them; a released parked event enters at process(), future
-    // saying whether it is too far ahead of the consumer's event time.
+    // The prefetch schedule (batch_prefetch.cpp): delivery i brings in what later ones read.
+    void prefetch_ahead(std::span<const std::unique_ptr<item>> batch, std::size_t i) const noexcept;
     static void prefetch_item(const item& d) noexcept;
     static void prefetch_parts(const item& d) noexcept;
     void prefetch_slots(const item& d) const noexcept;
     void prefetch(const item& d) const noexcept;
+    // In the order a delivery meets them; a released parked event enters at process(), future
+    // saying whether it is too far ahead of the consumer's event time.
     outcome deliver(const item& d);
+    // What the inbox and event_contents say of it (inbox_lookup.cpp).
+    /// A message id seen before: its outcome (a duplicate, an id conflict), or nullopt when it is
+    /// new or only a transport id collision (then collision says so).
+    std::optional<outcome> seen_message(const item& d, const std::string& message_id, std::uint64_t hash,
+                                        bool malformed, std::optional<std::string>& collision);
+    outcome duplicate(const item& d, bool malformed, std::string_view message_id, std::uint64_t first_commit,
+                      const layout::inbox_first& first);
+    /// An event id first processed under another message id with other content: its dead letter;
+    /// record_contents says whether event_contents is to record the event id.
+    std::optional<outcome> event_id_conflict(const item& d, const std::string& message_id, std::uint64_t hash,
+                                             bool& record_contents);
     outcome process(const item& d, bool future);
-    outcome duplicate(const std::string& label, std::string_view message_id, std::uint64_t first_commit,
-                      std::uint64_t inbox_word);
     void release_parked(const std::string& subject, stream_state& st);
     outcome apply_projections(const item& d);
     std::unique_ptr<detail::state_box> copy_of(std::size_t p, const detail::state_box& state);

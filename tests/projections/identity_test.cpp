@@ -5,6 +5,7 @@
 #include "fixtures.hpp"
 
 #include <idem/projections/explain.hpp>
+#include <idem/projections/layout.hpp>
 
 #include <idem/storage/envelope.hpp>
 
@@ -134,6 +135,41 @@ TEST_CASE("transport and id are length-prefixed in the inbox key: no two pairs a
     for (const auto& o : outcomes) CHECK(o.kind == outcome_kind::applied);
     CHECK(store.read().consumer(consumer).stats().transport_collisions == 0);
     CHECK(store.read().get<order_total>("order-totals", "o1")->state.total == 7);
+}
+
+TEST_CASE("an inbox entry's words keep their stored layout: [fingerprint][commit:56 reason:5 outcome:3][event mark]") {
+    // The numbers on disk, not the enums' names: an entry an older idem wrote must read the same.
+    constexpr std::uint64_t dead_lettered = 4;
+    constexpr std::uint64_t id_conflict = 18;
+    constexpr std::uint64_t commit = 0x00ABCDEF012345ull;
+    SUBCASE("a dead-lettered first delivery keeps its reason") {
+        const idem::layout::inbox_first first{0x1122334455667788ull, commit, outcome_kind::dead_lettered,
+                                              idem::reason::id_conflict, 0x99};
+        const auto words = idem::layout::encode_inbox_first(first);
+        CHECK(words[0] == 0x1122334455667788ull);
+        CHECK(words[1] == (commit << 8 | id_conflict << 3 | dead_lettered));
+        CHECK(words[2] == 0x99);
+        const auto back = idem::layout::decode_inbox_first(words);
+        CHECK(back.fingerprint == first.fingerprint);
+        CHECK(back.commit == commit);
+        CHECK(back.outcome == outcome_kind::dead_lettered);
+        CHECK(back.why == idem::reason::id_conflict);
+        CHECK(back.event_mark == 0x99);
+    }
+    SUBCASE("any other outcome keeps no reason") {
+        const auto words = idem::layout::encode_inbox_first({7, commit, outcome_kind::parked, idem::reason::id_conflict, 1});
+        CHECK(words[1] == (commit << 8 | 3));
+        CHECK(idem::layout::decode_inbox_first(words).why == idem::reason::none);
+    }
+    SUBCASE("the key kinds: an event's own id, a transport id of either kind") {
+        const auto ev = line("l-1", "o1", 1);
+        CHECK(idem::layout::is_event_key(ev.message_id()));
+        CHECK(!idem::layout::is_transport_key(ev.message_id()));
+        for (const auto& key : {idem::transport_message_id("m-1"), idem::transport_message_id("orders", "m-1")}) {
+            CHECK(idem::layout::is_transport_key(key));
+            CHECK(!idem::layout::is_event_key(key));
+        }
+    }
 }
 
 TEST_CASE("the same event id with other content stays an id_conflict, under a transport id too") {

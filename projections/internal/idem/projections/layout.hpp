@@ -8,6 +8,7 @@
 #include <idem/projections/store.hpp>
 #include <idem/storage/codec.hpp>
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -169,6 +170,30 @@ inline std::uint64_t inbox_commit(std::uint64_t word) { return word >> 8; }
 inline outcome_kind inbox_outcome(std::uint64_t word) { return static_cast<outcome_kind>(word & 7); }
 inline reason inbox_reason(std::uint64_t word) { return static_cast<reason>((word >> 3) & 31); }
 
+/// An inbox entry's extra words, as the id_log entry carries them (stamp and key aside).
+using inbox_words = std::array<std::uint64_t, inbox_extra_words>;
+
+/// What the inbox keeps of the first delivery under a key: its extra words, named.
+struct inbox_first {
+    std::uint64_t fingerprint = 0;  ///< of the content first delivered (0: none was known)
+    std::uint64_t commit = 0;       ///< the commit that recorded it
+    outcome_kind outcome = outcome_kind::applied;  ///< what it did
+    reason why = reason::none;                     ///< dead_lettered: why
+    /// What tells another event under the same key from this one again: under a transport key
+    /// the event's identity (event_identity); under an event key (is_event_key) the event's
+    /// shape, since the key is the identity itself.
+    std::uint64_t event_mark = 0;
+};
+
+/// Packs a first delivery into its extra words: [fingerprint][inbox_word][event_mark].
+inline inbox_words encode_inbox_first(const inbox_first& f) {
+    return {f.fingerprint, inbox_word(f.commit, f.outcome, f.why), f.event_mark};
+}
+/// Unpacks the extra words encode_inbox_first wrote.
+inline inbox_first decode_inbox_first(const inbox_words& w) {
+    return {w[0], inbox_commit(w[1]), inbox_outcome(w[1]), inbox_reason(w[1]), w[2]};
+}
+
 /// One decoded inbox value.
 struct inbox_entry {
     consumer_view::inbox_record record;
@@ -185,6 +210,9 @@ std::uint64_t source_identity(std::string_view source);
 
 /// Whether an inbox key is a transport id ('m' unnamed transport, 't' named), not an event id ('e').
 inline bool is_transport_key(std::string_view key) noexcept { return key.starts_with('m') || key.starts_with('t'); }
+/// Whether an inbox key is an event's own id ('e' then its source and id): the key an event is
+/// known under whatever transport carries it.
+inline bool is_event_key(std::string_view key) noexcept { return key.starts_with('e'); }
 /// An inbox key as people write it: "'m-17'", "'m-17' of transport 'orders.jsonl'", or the event id.
 std::string describe_message_id(std::string_view key);
 
