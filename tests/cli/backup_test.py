@@ -12,6 +12,7 @@ import os
 import random
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -30,6 +31,24 @@ def run(*args, check=True, timeout=120):
 
 def jsonl(text):
     return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def damage_a_leaf_key(path, page_size=4096):
+    """Overwrites the first key of a leaf page past the file's middle with 0xff bytes (LMDB 0.9
+    page header: flags at 10, node offsets from 16; a node: sizes, flags, key size at 6, key at 8)."""
+    data = bytearray(open(path, "rb").read())
+    pages = len(data) // page_size
+    for page in range(pages // 2, pages):
+        at = page * page_size
+        if struct.unpack_from("<H", data, at + 10)[0] != 0x02:
+            continue
+        node = at + struct.unpack_from("<H", data, at + 16)[0]
+        size = struct.unpack_from("<H", data, node + 6)[0]
+        data[node + 8:node + 8 + size] = b"\xff" * size
+        with open(path, "wb") as f:
+            f.write(data)
+        return True
+    return False
 
 
 class backup_test(unittest.TestCase):
@@ -135,6 +154,17 @@ class backup_test(unittest.TestCase):
         self.assertIn(os.path.join(cut, "data.mdb"), p.stderr)
         self.assertIn("cut short", p.stderr)
         self.assertFalse(os.path.exists(self.path("from-cut")))
+        self.assertEqual([n for n in os.listdir(self.dir) if ".partial-" in n], [])
+
+        # A key damaged inside a leaf page (the meta pages sound): the copy's check refuses it.
+        leaf = self.path("leaf")
+        os.mkdir(leaf)
+        shutil.copy(os.path.join(self.path("first"), "data.mdb"), leaf)
+        self.assertTrue(damage_a_leaf_key(os.path.join(leaf, "data.mdb")))
+        p = run("backup", "--db", leaf, "--out", self.path("from-leaf"), check=False)
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertIn(os.path.join(leaf, "data.mdb") + ": its copy is damaged", p.stderr)
+        self.assertFalse(os.path.exists(self.path("from-leaf")))
         self.assertEqual([n for n in os.listdir(self.dir) if ".partial-" in n], [])
 
         # A directory that is no store.
