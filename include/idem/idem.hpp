@@ -2,6 +2,7 @@
 
 // The whole public surface of idem in one include.
 
+#include <idem/projections/backup.hpp>
 #include <idem/projections/projection.hpp>
 #include <idem/projections/store.hpp>
 #include <idem/storage/envelope.hpp>

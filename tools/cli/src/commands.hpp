@@ -65,6 +65,8 @@ command prune_command(context_fn t);
 command migrate_command(context_fn t);
 /// `why` (why.cpp).
 command why_command(context_fn t);
+/// `backup` (backup.cpp).
+command backup_command(context_fn t);
 /// `convert` (convert.cpp).
 command convert_command();
 /// `parked`, `release`, `redrive` and `audit` (operator_commands.cpp).

@@ -98,6 +98,7 @@ struct tool::impl {
         commands.push_back(detail::migrate_command(t));
         commands.push_back(detail::why_command(t));
         commands.push_back(detail::convert_command());
+        commands.push_back(detail::backup_command(t));
         add(detail::operator_commands(t));
 #ifdef IDEM_JETSTREAM
         commands.push_back(detail::publish_command());

@@ -8,7 +8,7 @@
 //       return tool.run(argc, argv);
 //   }
 //
-// gives rebuild, consume, get, dump, stats, deadletters, verify, chaos, convert, why, prune and the
+// gives rebuild, consume, get, dump, stats, deadletters, verify, chaos, convert, why, prune, backup and the
 // operator commands parked, release, redrive and audit over those projections. Exit status:
 // 0 success (dead-lettered input is counted, not an error),
 // 1 usage error (or a row that does not exist, or verify found a difference), 3 verify found
