@@ -18,7 +18,7 @@
 
 #include "workload.hpp"
 
-#include <idem/idem.hpp>
+#include <idem/engine.hpp>
 
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>

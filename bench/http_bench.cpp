@@ -22,7 +22,7 @@
 // answer comes sooner than two of those. Prints a Markdown table and the ratios.
 
 #include <idem/examples/orders.hpp>
-#include <idem/idem.hpp>
+#include <idem/engine.hpp>
 #include <idem/sources/http.hpp>
 
 #include <boost/asio/io_context.hpp>

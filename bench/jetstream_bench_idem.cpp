@@ -5,7 +5,7 @@
 
 #include "jetstream_bench.hpp"
 
-#include <idem/idem.hpp>
+#include <idem/engine.hpp>
 #include <idem/sources/jetstream.hpp>
 
 #include <boost/asio/executor_work_guard.hpp>

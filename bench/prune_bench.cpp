@@ -8,6 +8,8 @@
 
 #include "workload.hpp"
 
+#include <idem/engine.hpp>
+
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/use_future.hpp>
 

@@ -19,6 +19,7 @@
 
 #include <idem/sources/consume.hpp>
 #include <idem/sources/rebuild.hpp>
+#include <idem/engine.hpp>
 #include <idem/idem.hpp>
 
 #include <boost/asio/co_spawn.hpp>
@@ -215,7 +216,7 @@ run_result run_log(const run_options& o, const std::filesystem::path& log, log_p
     } else {
         idem::consume_options co;
         apply(co);
-        co.store.huge_index_pages = true;  // as `idem consume --log` does
+        co.store.tuning.huge_index_pages = true;  // as `idem consume --log` does
         result = idem::consume(co);
         r.figures.emplace_back("syncs", std::to_string(result.stats.batches));  // a durable commit per batch
     }

@@ -30,7 +30,7 @@ void batch_run::take_kept() {
     // writer's (another process, an operator action), and a bulk build or an operator action may
     // change rows they hold. Past their budget they go too, and are read again as needed.
     auto& kept = s_.kept;
-    if (!live_ || kept.commit + 1 != commit_ || kept.row_bytes + kept.stream_bytes > s_.options.kept_rows_bytes) {
+    if (!live_ || kept.commit + 1 != commit_ || kept.row_bytes + kept.stream_bytes > s_.options.tuning.kept_rows_bytes) {
         kept.clear();
     }
     const auto parked = txn_.entries(s_.parked);

@@ -436,7 +436,7 @@ void batch_run::write_rows() {
     // Each batch folds twice what it journaled: the frozen journal is empty before the active
     // one is due to take its place.
     for (std::size_t p = 0; p < journaled.size(); ++p) {
-        s_.journals[p]->fold(txn_, s_.tables[p], 2 * journaled[p], s_.options.journal_rows);
+        s_.journals[p]->fold(txn_, s_.tables[p], 2 * journaled[p], s_.options.tuning.journal_rows);
     }
 }
 

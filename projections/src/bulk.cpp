@@ -20,7 +20,7 @@ std::vector<outcome> store::impl::run_bulk(const prepared_batch& prepared, std::
 }
 
 void store::impl::index_pages() {
-    const bool huge = options.huge_index_pages || bulk != nullptr;
+    const bool huge = options.tuning.huge_index_pages || bulk != nullptr;
     ids->use_huge_pages(huge);
     event_contents->use_huge_pages(huge);
     for (auto& c : contributors) c->use_huge_pages(huge);

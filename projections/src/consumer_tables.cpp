@@ -118,8 +118,8 @@ store::store(store_options options) : impl_(std::make_unique<impl>()) {
                         ": a re-sent event's effect key could be forgotten before the copy arrives, and be applied twice");
     }
     environment_options eo;
-    eo.map_size = std::min(o.map_size, o.max_map_size);
-    eo.max_map_size = o.max_map_size;
+    eo.map_size = std::min(o.tuning.map_size, o.tuning.max_map_size);
+    eo.max_map_size = o.tuning.max_map_size;
     eo.sync = o.sync;
     eo.wait_for_writer = o.wait_for_writer;
     impl_->env = environment::open(o.path, eo);

@@ -219,7 +219,7 @@ struct store::impl {
     std::vector<outcome> run_bulk(const prepared_batch& batch, std::span<const checkpoint> at);
     void abandon_bulk();
     /// Has the id indexes' new tables use huge pages during a bulk build or where
-    /// store_options::huge_index_pages asks for them, small ones otherwise (id_log::use_huge_pages).
+    /// store_options::tuning.huge_index_pages asks for them, small ones otherwise (id_log::use_huge_pages).
     void index_pages();
 };
 

@@ -190,8 +190,8 @@ idem::store_options store_options_for(const options& o) {
     s.consumer = "idem";  // the `idem` tool's consumer, so `idem stats` reads this one
     s.unknown_types = idem::unknown_type_policy::dead_letter;
     s.sync = idem::durability::full;
-    s.map_size = o.map_size;
-    s.journal_rows = 8;  // small row journals: swapped and folded many times per run
+    s.tuning.map_size = o.map_size;
+    s.tuning.journal_rows = 8;  // small row journals: swapped and folded many times per run
     return s;
 }
 

@@ -5,6 +5,11 @@
 
 #include <idem/idem.hpp>
 
+// The synchronous core is light: its umbrella pulls in neither Boost.Asio nor a source's library.
+#if defined(BOOST_ASIO_DETAIL_CONFIG_HPP) || defined(NATS_H_) || defined(OPENSSL_E_OS2_H)
+#error "<idem/idem.hpp> included Boost.Asio, cnats or OpenSSL: the core must not need them"
+#endif
+
 #include <cstdio>
 #include <filesystem>
 #include <string>

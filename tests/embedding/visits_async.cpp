@@ -5,8 +5,7 @@
 
 #include "visits_projection.hpp"
 
-#include <idem/engine/engine.hpp>
-#include <idem/idem.hpp>
+#include <idem/engine.hpp>
 
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>

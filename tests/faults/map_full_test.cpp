@@ -108,8 +108,8 @@ TEST_CASE("MAP_FULL at every commit boundary stores nothing of the failing batch
         CAPTURE(limit);
         temp_dir dir;
         auto o = options(dir.env());
-        o.map_size = static_cast<std::size_t>(limit);
-        o.max_map_size = static_cast<std::size_t>(limit);
+        o.tuning.map_size = static_cast<std::size_t>(limit);
+        o.tuning.max_map_size = static_cast<std::size_t>(limit);
         std::optional<idem::store> s;
         try {
             s.emplace(o);
@@ -146,8 +146,8 @@ TEST_CASE("MAP_FULL at every commit boundary stores nothing of the failing batch
         // Raise the limit and redeliver everything from the start, as a broker replaying would.
         s.reset();
         auto larger = options(dir.env());
-        larger.map_size = static_cast<std::size_t>(limit);
-        larger.max_map_size = std::size_t{1} << 30;
+        larger.tuning.map_size = static_cast<std::size_t>(limit);
+        larger.tuning.max_map_size = std::size_t{1} << 30;
         idem::store again{larger};
         again.add(totals_by_order());
         for (const auto& b : batches) again.apply(b);

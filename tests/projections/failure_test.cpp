@@ -134,7 +134,7 @@ TEST_CASE("a full map grows and the batch is retried") {
 
     temp_dir dir;
     auto o = options(dir.env());
-    o.map_size = initial;
+    o.tuning.map_size = initial;
     std::unique_ptr<idem::store> store;
     try {
         store = std::make_unique<idem::store>(o);
@@ -176,8 +176,8 @@ TEST_CASE("a full map grows and the batch is retried") {
 TEST_CASE("a map that may not grow fails the batch with map_full and keeps nothing of it") {
     temp_dir dir;
     auto o = options(dir.env());
-    o.map_size = std::size_t{256} << 10;
-    o.max_map_size = o.map_size;
+    o.tuning.map_size = std::size_t{256} << 10;
+    o.tuning.max_map_size = o.tuning.map_size;
     idem::store store{o};
     store.add(totals_by_order());
 
@@ -211,7 +211,7 @@ TEST_CASE("a map that may not grow fails the batch with map_full and keeps nothi
               idem::make_error_code(idem::errc::map_full).default_error_condition());
     }
     CHECK(threw);
-    CHECK(idem::detail::store_env(store)->map_size() == o.map_size);
+    CHECK(idem::detail::store_env(store)->map_size() == o.tuning.map_size);
 
     auto snap = store.read();
     CHECK(dump(snap, "order-totals") == rows_before);

@@ -1,5 +1,5 @@
 // Which memory the store's in-memory id indexes ask for: huge pages only where asked
-// (store_options::huge_index_pages, as `idem consume --log` runs), and the same rows either way.
+// (store_options::tuning.huge_index_pages, as `idem consume --log` runs), and the same rows either way.
 
 #include <idem/projections/store.hpp>
 
@@ -28,7 +28,7 @@ TEST_CASE("a store asked for huge index pages advises them as its indexes grow; 
         CAPTURE(huge);
         temp_dir dir;
         auto o = options(dir.env());
-        o.huge_index_pages = huge;
+        o.tuning.huge_index_pages = huge;
         const auto before = huge_advised_bytes();
         idem::store store{o};
         store.add(totals_by_subject());

@@ -232,7 +232,7 @@ TEST_CASE("a forked process reads consistent snapshots while the parent writes")
     // The map starts small so the parent grows it several times while the child reads.
     temp_dir dir;
     auto o = options(dir.env());
-    o.map_size = std::size_t{64} << 10;
+    o.tuning.map_size = std::size_t{64} << 10;
     idem::store store{o};
     store.add(totals_by_order());
 
@@ -273,7 +273,7 @@ TEST_CASE("a forked process reads consistent snapshots while the parent writes")
         store.apply(batch);
         std::this_thread::sleep_for(1ms);
     }
-    CHECK(idem::detail::store_env(store)->map_size() > o.map_size);  // the parent grew the map under the reader
+    CHECK(idem::detail::store_env(store)->map_size() > o.tuning.map_size);  // the parent grew the map under the reader
     const auto [exited, status] = wait_or_kill(child, 60s);
     REQUIRE_MESSAGE(exited, "the reader process hung and was killed");
     CHECK(WIFEXITED(status));
@@ -290,7 +290,7 @@ TEST_CASE("a forked process reads consistent snapshots while the parent writes")
 TEST_CASE("a reader process keeps working when the writer grows the map while one of its threads reads") {
     temp_dir dir;
     auto o = options(dir.env());
-    o.map_size = std::size_t{64} << 10;
+    o.tuning.map_size = std::size_t{64} << 10;
     idem::store store{o};
     store.add(totals_by_order());
     store.apply(deliver(line("line-0", "order-1", 1)));
@@ -319,7 +319,7 @@ TEST_CASE("a reader process keeps working when the writer grows the map while on
         }
         store.apply(batch);
     }
-    CHECK(idem::detail::store_env(store)->map_size() >= 4 * o.map_size);
+    CHECK(idem::detail::store_env(store)->map_size() >= 4 * o.tuning.map_size);
     CHECK(send_byte(down[1]));
 
     const auto [exited, status] = wait_or_kill(child, 10s);
@@ -339,7 +339,7 @@ TEST_CASE("a snapshot held by the caller does not hang a batch that must grow th
         int code = 0;
         try {
             auto o = options(dir.env());
-            o.map_size = std::size_t{64} << 10;
+            o.tuning.map_size = std::size_t{64} << 10;
             idem::store store{o};
             store.add(totals_by_order());
             store.apply(deliver(line("line-0", "order-1", 1)));

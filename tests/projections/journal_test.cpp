@@ -69,7 +69,7 @@ struct workload {
 /// Store options with journals frozen at rows entries.
 idem::store_options journaled(const temp_dir& dir, std::size_t rows) {
     auto o = options(dir.env());
-    o.journal_rows = rows;
+    o.tuning.journal_rows = rows;
     return o;
 }
 

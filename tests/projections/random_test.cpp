@@ -87,9 +87,9 @@ TEST_CASE("any delivery order with duplicates gives the rows of applying each di
         // worth (dropped every few batches); and now and then a new store object.
         temp_dir dir;
         auto o = options(dir.env());
-        const std::size_t budgets[] = {o.kept_rows_bytes, 0, 600};
-        o.kept_rows_bytes = budgets[seed % 3];
-        o.huge_index_pages = seed % 2 == 0;  // as `idem consume --log` runs
+        const std::size_t budgets[] = {o.tuning.kept_rows_bytes, 0, 600};
+        o.tuning.kept_rows_bytes = budgets[seed % 3];
+        o.tuning.huge_index_pages = seed % 2 == 0;  // as `idem consume --log` runs
         std::optional<idem::store> open;
         auto reopen = [&] {
             open.reset();

@@ -231,9 +231,9 @@ public:
                                                : idem::gap_policy::reject;
         options_.unknown_types =
             dead_letter_unknown_ ? idem::unknown_type_policy::dead_letter : idem::unknown_type_policy::ignore;
-        options_.map_size = map_size_;
-        options_.max_map_size = std::size_t{8} << 30;
-        options_.journal_rows = journal_rows_;
+        options_.tuning.map_size = map_size_;
+        options_.tuning.max_map_size = std::size_t{8} << 30;
+        options_.tuning.journal_rows = journal_rows_;
         model_ = std::make_unique<model>(gaps_, dead_letter_unknown_);
         main_ = std::make_unique<schedule>(seed_ ^ 0xabcdef, shape_);
     }
@@ -373,7 +373,7 @@ private:
         for (int attempt = 0;; ++attempt) {
             // Every MAP_FULL doubles the map, injected ones included: once it reached its limit
             // (until the store is opened afresh), an injected MAP_FULL cannot be absorbed.
-            const bool at_limit = idem::detail::store_env(*store_)->map_size() >= options_.max_map_size;
+            const bool at_limit = idem::detail::store_env(*store_)->map_size() >= options_.tuning.max_map_size;
             std::vector<idem::outcome> outcomes;
             std::error_code failed;
             std::string message;

@@ -281,7 +281,7 @@ replay_result replay_partition(const replay_request& r) {
         // several times over (the file only grows as it is written).
         if (auto si = stream_info(c, r.stream); si && si->State.Msgs > 0) {
             const auto bytes = si->State.Bytes / si->State.Msgs * pending;
-            so.map_size = std::min<std::size_t>(so.max_map_size, std::max<std::size_t>(so.map_size, 8 * bytes));
+            so.tuning.map_size = std::min<std::size_t>(so.tuning.max_map_size, std::max<std::size_t>(so.tuning.map_size, 8 * bytes));
         }
         {
             store s{so};

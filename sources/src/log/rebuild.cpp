@@ -111,7 +111,7 @@ log_run_result build(const rebuild_options& options) {
     // several times over (the file only grows as it is written).
     std::uint64_t log_bytes = 0;
     for (const auto& log : options.logs) log_bytes += detail::file_size_or_zero(log);
-    so.map_size = std::min<std::size_t>(so.max_map_size, std::max<std::size_t>(so.map_size, 8 * log_bytes));
+    so.tuning.map_size = std::min<std::size_t>(so.tuning.max_map_size, std::max<std::size_t>(so.tuning.map_size, 8 * log_bytes));
     log_run_result result;
     {
         store s{so};

@@ -66,8 +66,8 @@ int consume_logs(const tool_context& t, const arguments& a) {
     // hands over what it has at its end, so a slow one still commits every record promptly.
     log_run_from(t, a, a.required("db"), o, bar);
     o.store.sync = durability_from(a);
-    o.store.journal_rows = static_cast<std::size_t>(a.number("journal-rows", 0));
-    o.store.huge_index_pages = true;  // a job that inserts an id per record: fewer page faults
+    o.store.tuning.journal_rows = static_cast<std::size_t>(a.number("journal-rows", 0));
+    o.store.tuning.huge_index_pages = true;  // a job that inserts an id per record: fewer page faults
     o.follow = a.flag("follow");
     o.restart_changed_logs = a.flag("restart-changed-log");
     if (auto grace = duration_option(a, "rotation-grace")) {
