@@ -6,6 +6,7 @@
 #include "options.hpp"
 
 #include <idem/projections/explain.hpp>
+#include <idem/projections/layout.hpp>
 #include <idem/storage/envelope.hpp>
 
 #include <cstdio>
@@ -21,7 +22,7 @@ std::string explanation_json(const explanation& x, bool with_rows) {
     if (x.first) w.field("commit", x.first->commit).field("first_seen_ns", x.first->stamp);
     if (!x.message_id.empty()) {
         const auto [transport, id] = split_message_id(x.message_id);
-        w.field(x.message_id.starts_with('e') ? "event_message_id" : "message_id", id);
+        w.field(layout::is_event_key(x.message_id) ? "event_message_id" : "message_id", id);
         if (!transport.empty()) w.field("transport", transport);
     }
     if (x.parked) {
