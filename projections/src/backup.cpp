@@ -56,18 +56,6 @@ void copy_into(environment& env, const std::filesystem::path& db, const std::fil
     }
 }
 
-std::string first_problems(const environment_report& r) {
-    std::string out;
-    for (std::size_t i = 0; i < r.problems.size() && i < 3; ++i) {
-        const auto& p = r.problems[i];
-        std::string where;
-        if (p.page) where = "page " + std::to_string(*p.page);
-        if (!p.table.empty()) where += (where.empty() ? "table " : " (table ") + p.table + (where.empty() ? "" : ")");
-        out += (i == 0 ? "" : "; ") + (where.empty() ? "" : where + ": ") + p.what;
-    }
-    return out;
-}
-
 }  // namespace
 
 backup_result backup(const std::filesystem::path& db, const std::filesystem::path& out) {
@@ -106,7 +94,7 @@ backup_result backup(const std::filesystem::path& db, const std::filesystem::pat
         if (!report.sound()) {
             throw_error(errc::store_damaged,
                         data.string() + ": its copy is damaged: " + std::to_string(report.problem_count) + " problem" +
-                            (report.problem_count == 1 ? "" : "s") + ", first: " + first_problems(report) +
+                            (report.problem_count == 1 ? "" : "s") + ", first: " + report.first_problems() +
                             "; the store is damaged (verify --store describes it); no backup was written");
         }
         result.pages = report.pages;

@@ -622,4 +622,17 @@ environment_report check_environment(const std::filesystem::path& path, std::siz
     return r;
 }
 
+std::string to_string(const page_problem& p) {
+    std::string out;
+    if (p.page) out += "page " + std::to_string(*p.page);
+    if (!p.table.empty()) out += (out.empty() ? "table " : " (table ") + p.table + (out.empty() ? "" : ")");
+    return (out.empty() ? "" : out + ": ") + p.what;
+}
+
+std::string environment_report::first_problems(std::size_t n) const {
+    std::string out;
+    for (std::size_t i = 0; i < problems.size() && i < n; ++i) out += (i == 0 ? "" : "; ") + to_string(problems[i]);
+    return out;
+}
+
 }  // namespace idem

@@ -96,13 +96,6 @@ record_counts read_records(environment_report& r, const std::filesystem::path& d
     return n;
 }
 
-std::string problem_text(const page_problem& p) {
-    std::string out;
-    if (p.page) out += "page " + std::to_string(*p.page);
-    if (!p.table.empty()) out += (out.empty() ? "table " : " (table ") + p.table + (out.empty() ? "" : ")");
-    return (out.empty() ? "" : out + ": ") + p.what;
-}
-
 }  // namespace
 
 int verify_store(const std::string& tool, const std::filesystem::path& db, const std::string& consumer,
@@ -158,8 +151,7 @@ int verify_store(const std::string& tool, const std::filesystem::path& db, const
                      static_cast<unsigned long long>(records.dead_letters), secs);
         return 0;
     }
-    std::string first;
-    for (std::size_t i = 0; i < r.problems.size() && i < 3; ++i) first += (i == 0 ? "" : "; ") + problem_text(r.problems[i]);
+    const auto first = r.first_problems();
     std::fprintf(stderr,
                  "%s verify: %s is damaged: %llu problem%s, first: %s; stop its writers and restore it from a backup, "
                  "or rebuild it from its logs (%s rebuild --db %s --log ...)\n",

@@ -62,7 +62,12 @@ struct environment_report {
 
     /// Returns whether the structure is sound (no problem found).
     bool sound() const noexcept { return problem_count == 0; }
+    /// Returns the first n problems in words, "; " between them ("page 7 (table t): ...").
+    std::string first_problems(std::size_t n = 3) const;
 };
+
+/// Returns a problem in words: where it was found ("page 7 (table t)"), then what is wrong.
+std::string to_string(const page_problem& p);
 
 /// Checks the structure of the LMDB data file at path (a data.mdb, or an environment
 /// directory holding one) without mapping it; keeps the first max_problems problems.
