@@ -63,11 +63,12 @@ idem::cli::command gen_command() {
 
 int main(int argc, char** argv) {
     idem::cli::tool tool{"idem"};
-    tool.add(idem::examples::order_totals())
+    // Every example projection records its changes: `idem changes`, GET /changes and `idem relay` follow them.
+    tool.add(idem::examples::order_totals().changes())
         .upcast(idem::examples::order_line_upcaster())
-        .add(idem::examples::positions())
-        .add(idem::examples::leaderboard())
-        .add(idem::examples::inventory())
+        .add(idem::examples::positions().changes())
+        .add(idem::examples::leaderboard().changes())
+        .add(idem::examples::inventory().changes())
         .add_command(gen_command());
     return tool.run(argc, argv);
 }

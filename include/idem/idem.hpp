@@ -12,6 +12,7 @@
 //   <idem/cli/tool.hpp>      the `idem` command line as a library          (module idem-cli)
 
 #include <idem/projections/backup.hpp>
+#include <idem/projections/changes.hpp>
 #include <idem/projections/dead_letter.hpp>
 #include <idem/projections/delivery.hpp>
 #include <idem/projections/explain.hpp>

@@ -381,6 +381,8 @@ void batch_run::finish() {
         kept_.stream_entries = txn_.entries(s_.streams);
     }
     for (const auto& [source, stored] : checkpoints_) txn_.put(s_.checkpoints, source, stored);
+    if (bulk_) record_resets();
+    record_change_time();
     stats.batches += 1;
     txn_.put(s_.meta, layout::stats_key(s_.options.consumer), layout::encode_stats(stats));
     txn_.put(s_.meta, layout::clock_key(s_.options.consumer), layout::encode_clock(clock_));
@@ -395,10 +397,11 @@ void batch_run::write_rows() {
         std::pair<std::size_t, std::string> id;  // projection, row key
         std::uint64_t hash;                      // of the aggregate key (row_journal::key_hash)
         row_slot* slot;
+        const std::string* key;                  // the aggregate key
     };
     std::vector<dirty_row> dirty;
     dirty.reserve(dirty_rows_.size());
-    for (auto [p, e] : dirty_rows_) dirty.push_back({{p, codec::row_key(e->key)}, e->hash, &e->value});
+    for (auto [p, e] : dirty_rows_) dirty.push_back({{p, codec::row_key(e->key)}, e->hash, &e->value, &e->key});
     dirty_rows_.clear();
     std::sort(dirty.begin(), dirty.end(), [](const auto& a, const auto& b) { return a.id < b.id; });
     std::string state;
@@ -406,7 +409,7 @@ void batch_run::write_rows() {
     std::string last;  // the table's last key before this write: keys after it are appended
     std::optional<cursor> appender;
     std::vector<std::size_t> journaled(s_.journals.size());
-    for (auto& [id, hash, slot] : dirty) {
+    for (auto& [id, hash, slot, key] : dirty) {
         const auto& proj = *s_.projections[id.first];
         slot->header.state_version = proj.state_version();
         state.clear();
@@ -416,6 +419,7 @@ void batch_run::write_rows() {
         slot->dirty = false;
         count_size(*slot, value.size());
         if (!bulk_) {
+            record_change(id.first, *key, slot->header, state);
             s_.journals[id.first]->append(txn_, id.second, value, hash);
             ++journaled[id.first];
             continue;

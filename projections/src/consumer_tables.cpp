@@ -46,6 +46,7 @@ void store::impl::open_meta() {
                                                    ", this build reads format " + std::to_string(layout::storage_format));
         }
     });
+    open_feed();
 }
 
 void store::impl::open_tables() {

@@ -109,6 +109,64 @@ std::uint32_t take_u32(std::string_view& in) {
     return v;
 }
 
+std::string change_key(change_position at) {
+    std::string out;
+    codec::put_u64_be(out, at.commit);
+    for (int shift = 24; shift >= 0; shift -= 8) out.push_back(static_cast<char>((at.index >> shift) & 0xff));
+    return out;
+}
+
+change_position decode_change_key(std::string_view key) {
+    if (key.size() != 12) throw_error(errc::corrupt_record, "change feed: a key of " + std::to_string(key.size()) + " bytes");
+    change_position at{codec::get_u64_be(key), 0};
+    for (std::size_t i = 8; i < 12; ++i) at.index = (at.index << 8) | static_cast<unsigned char>(key[i]);
+    return at;
+}
+
+void encode_change(std::string& out, change_kind kind, std::uint64_t version, std::uint32_t state_version,
+                   std::string_view projection, std::string_view key, std::string_view state) {
+    out.push_back(static_cast<char>(kind));
+    codec::put_u64_le(out, version);
+    codec::put_u32_le(out, state_version);
+    put_str(out, projection);
+    put_str(out, key);
+    out.append(state);
+}
+
+change decode_change(std::string_view key, std::string_view value) {
+    change c;
+    c.position = decode_change_key(key);
+    try {
+        if (value.empty()) throw_error(errc::corrupt_record, "empty record");
+        const auto kind = static_cast<unsigned char>(value.front());
+        if (kind != static_cast<unsigned>(change_kind::row) && kind != static_cast<unsigned>(change_kind::reset)) {
+            throw_error(errc::corrupt_record, "unknown kind " + std::to_string(kind));
+        }
+        c.kind = static_cast<change_kind>(kind);
+        value.remove_prefix(1);
+        c.version = take_u64(value);
+        c.state_version = take_u32(value);
+        c.projection = take_str(value);
+        c.key = take_str(value);
+        c.state = value;
+    } catch (const std::system_error& e) {
+        throw_error(errc::corrupt_record, "change feed entry " + c.position.to_string() + " does not decode: " + e.what());
+    }
+    return c;
+}
+
+std::string encode_position(change_position at) {
+    std::string out;
+    codec::put_u64_le(out, at.commit);
+    codec::put_u32_le(out, at.index);
+    return out;
+}
+
+change_position decode_position(std::optional<std::string_view> v) {
+    if (!v || v->size() < 12) return {};
+    return {codec::get_u64_le(*v), codec::get_u32_le(v->substr(8))};
+}
+
 clock_record decode_clock(std::optional<std::string_view> v) {
     clock_record c;
     if (v && v->size() >= 16) {

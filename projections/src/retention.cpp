@@ -68,7 +68,12 @@ prune_result store::impl::prune_step(write_txn& txn, const prune_limits& limits,
 void store::impl::prune_in_batch(write_txn& txn, detail::batch_run& run,
                                  prune_steps& steps) {
     steps.clear();
-    if (!retaining() || options.retention.prune_per_batch == 0) return;
+    if (options.retention.prune_per_batch == 0) return;
+    // The change feed is kept by wall time and commit count, whatever the inbox's clock.
+    bool more = false;
+    prune_changes(txn, run.commit(), options.retention.prune_per_batch,
+                  std::chrono::steady_clock::now() + std::chrono::milliseconds(1), more);
+    if (!retaining()) return;
     // On the event clock a batch removes everything that expired: then what a commit holds
     // depends only on the log and the batch boundaries, never on timing (a resumed or
     // repeated run gives the same inbox and the same outcomes).
@@ -112,6 +117,9 @@ prune_result store::prune(const prune_limits& limits) {
         auto clock = layout::decode_clock(txn.get(s.meta, layout::clock_key(s.options.consumer)));
         auto stats = layout::decode_stats(txn.get(s.meta, layout::stats_key(s.options.consumer)));
         result = s.prune_step(txn, limits, clock, stats, steps);
+        const auto budget = limits.max_rows - std::min(limits.max_rows, result.ids + result.contributors);
+        result.changes = s.prune_changes(txn, layout::u64_or_zero(txn.get(s.meta, layout::commit_key)), budget,
+                                         std::chrono::steady_clock::now() + limits.max_time, result.more);
         if (result.ids + result.contributors == 0) return;
         for (const auto& [p, step] : steps) {
             if (p == SIZE_MAX) clock.inbox_floor = std::max(clock.inbox_floor, step.newest_removed + 1);

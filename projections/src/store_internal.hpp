@@ -13,6 +13,7 @@
 //   retention.cpp        pruning the inbox and the contributing sets
 //   bulk.cpp             bulk builds: one transaction across apply() calls
 //   snapshot.cpp         the reader
+//   change_feed.cpp      the change feed: recording with a batch, pruning, reading
 //   layout.cpp           every table name, meta key and record codec
 
 #include <idem/projections/layout.hpp>
@@ -152,6 +153,8 @@ struct store::impl {
     MDB_dbi dead = 0;
     MDB_dbi checkpoints = 0;
     MDB_dbi collisions = 0;
+    MDB_dbi changes = 0;       // the change feed (change_feed.cpp)
+    MDB_dbi change_times = 0;  // when each commit with feed entries was made
     std::unique_ptr<id_log> ids;                      // the inbox
     std::unique_ptr<id_log> event_contents;           // event ids of deliveries under transport ids, with their content
     std::unique_ptr<detail::event_id_log> event_ids;  // event ids of deliveries under transport ids
@@ -179,6 +182,15 @@ struct store::impl {
     void rolled_back();
     /// The wall clock (retention_options::now, else the system clock), ns since the Unix epoch.
     std::uint64_t wall_now() const;
+
+    // change_feed.cpp
+    /// Opens the feed's tables and gives a new store its id.
+    void open_feed();
+    /// Removes feed entries past change_retention, oldest first, whole commits counted pruned
+    /// from their first removed entry; at most budget entries, until deadline. more: stopped at a limit.
+    /// The newest commit is the one being made (in a batch) or the last made.
+    std::size_t prune_changes(write_txn& txn, std::uint64_t newest, std::size_t budget,
+                              std::chrono::steady_clock::time_point deadline, bool& more);
 
     // batch_run.cpp
     /// Runs fn (one write transaction) until it commits: after map_full the transaction is gone
@@ -310,6 +322,10 @@ private:
     void unstage();
     // What finish() and spill() write.
     void write_rows();
+    // The change feed's entries of this commit (change_feed.cpp).
+    void record_change(std::size_t p, std::string_view key, const codec::row_header& header, std::string_view state);
+    void record_resets();
+    void record_change_time();
     void write_dead_letters();
     void write_collisions();
     // The guards.
@@ -365,6 +381,8 @@ private:
     std::string source_;                              // where the batch was read from, if from a log
     std::map<std::string, std::string> checkpoints_;  // source -> stored value, written at finish()
     std::uint64_t commit_ = 1;
+    std::uint32_t changes_ = 0;  // feed entries this commit recorded
+    std::string change_;         // one feed record, reused
 };
 
 }  // namespace detail

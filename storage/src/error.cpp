@@ -32,6 +32,7 @@ public:
         case errc::stream_changed: return "stream changed under its checkpoint";
         case errc::delivery_exhausted: return "message reached its delivery limit without a committed outcome";
         case errc::lease_lost: return "the lease fencing this store's commits is no longer held";
+        case errc::changes_pruned: return "the change feed no longer holds the commits asked for";
         }
         return "unknown idem error";
     }

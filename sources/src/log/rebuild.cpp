@@ -116,6 +116,7 @@ log_run_result build(const rebuild_options& options) {
     {
         store s{so};
         if (options.setup) options.setup(s);
+        if (!options.succeeds_store.empty()) s.succeed(options.succeeds_store, options.succeeds_after_commit);
         s.begin_bulk(options.memory_budget);
         detail::log_run run{s, options};
         result = run.run(false, false, {}, options.stop);
@@ -176,6 +177,18 @@ log_run_result rebuild(const rebuild_options& options) {
 
     auto o = options;
     o.store.path = fresh;
+    // The new store succeeds the one it replaces: same id, commits numbered on, so that a reader of
+    // the change feed finds the reset entries after its position. A store that cannot be read has
+    // no feed to continue (a rebuild is how it is repaired).
+    if (detail::file_size_or_zero(target / "data.mdb") > 0) {
+        try {
+            auto old = snapshot::open(target);
+            o.succeeds_store = old.store_id();
+            o.succeeds_after_commit = old.commit();
+        } catch (const std::exception&) {
+            o.succeeds_store.clear();
+        }
+    }
     log_run_result result;
     try {
         result = build(o);

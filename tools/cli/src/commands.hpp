@@ -54,6 +54,8 @@ std::vector<option> jetstream_consume_options();
 std::vector<command> log_run_commands(context_fn t);
 /// `get`, `dump` and `stats` (read_commands.cpp).
 std::vector<command> read_commands(context_fn t);
+/// `changes` (changes.cpp).
+command changes_command(context_fn t);
 /// `deadletters` (deadletters.cpp).
 command deadletters_command(context_fn t);
 /// `verify` (verify.cpp).

@@ -33,6 +33,11 @@ const option resend_option{"resend-within", "D",
                            "the logs re-send events under new ids and times up to D later: refuse an "
                            "--allowed-lateness shorter than that"};
 
+const option change_retention_option{"change-retention", "D",
+                                     "keep the change feed's entries for D of wall time (default 7d; 0: no age limit)"};
+const option change_keep_option{"change-keep-commits", "N",
+                                "keep only the change feed's entries of the last N commits (default: no count limit)"};
+
 std::optional<log_format> format_from(const arguments& a) {
     auto v = a.get("format");
     if (!v) return std::nullopt;
@@ -57,14 +62,22 @@ std::optional<std::chrono::nanoseconds> duration_option(const arguments& a, std:
     return d;
 }
 
+std::optional<std::chrono::nanoseconds> limit_option(const arguments& a, std::string_view name,
+                                                     std::optional<std::chrono::nanoseconds> current) {
+    if (a.get(name) == "0") return std::nullopt;  // "0 to switch off", as the helps say: no unit needed
+    if (auto d = duration_option(a, name)) return d->count() > 0 ? d : std::nullopt;
+    return current;
+}
+
 void retention_from(const arguments& a, store_options& o) {
     o.retention.clock = retention_clock::event;
     if (auto d = duration_option(a, "inbox-retention")) o.retention.inbox_retention = d;
     if (auto d = duration_option(a, "allowed-lateness")) o.retention.allowed_lateness = d;
-    if (a.get("max-future-skew") == "0") {
-        o.retention.max_future_skew.reset();  // "0 to switch off", as its help says: no unit needed
-    } else if (auto d = duration_option(a, "max-future-skew")) {
-        o.retention.max_future_skew = d->count() > 0 ? d : std::nullopt;
+    o.retention.max_future_skew = limit_option(a, "max-future-skew", o.retention.max_future_skew);
+    o.changes.max_age = limit_option(a, "change-retention", o.changes.max_age);
+    if (a.get("change-keep-commits")) {
+        const auto n = a.number("change-keep-commits", 0);
+        o.changes.keep_commits = n == 0 ? std::nullopt : std::optional<std::uint64_t>(n);
     }
     if (auto d = duration_option(a, "resend-within")) o.retention.resend_within = d;
     const auto& r = o.retention;

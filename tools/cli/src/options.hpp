@@ -26,6 +26,8 @@ extern const option lateness_option;
 extern const option transport_option;
 extern const option future_skew_option;
 extern const option resend_option;
+extern const option change_retention_option;
+extern const option change_keep_option;
 
 /// Returns --format as a log format, or nullopt (detected from each file) if not given.
 std::optional<log_format> format_from(const arguments& a);
@@ -36,7 +38,12 @@ durability durability_from(const arguments& a);
 /// Returns a duration option (7d, 1h, 90m, 30s), or nullopt if not given.
 std::optional<std::chrono::nanoseconds> duration_option(const arguments& a, std::string_view name);
 
-/// Sets the retention options from --inbox-retention, --allowed-lateness, --max-future-skew and
+/// Returns a duration option where 0 switches the limit off (nullopt), or current when not given.
+std::optional<std::chrono::nanoseconds> limit_option(const arguments& a, std::string_view name,
+                                                     std::optional<std::chrono::nanoseconds> current);
+
+/// Sets the change feed's retention from --change-retention and --change-keep-commits, and the
+/// retention options from --inbox-retention, --allowed-lateness, --max-future-skew and
 /// --resend-within, on the event-time clock (logs are read on their own clock, so a rebuild is
 /// deterministic).
 void retention_from(const arguments& a, store_options& o);

@@ -138,6 +138,11 @@ int stats(const tool_context& t, const arguments& a) {
     w.key("contributors").begin_object();
     for (const auto& p : t.projections) w.field(p->name(), snap.projection(p->name()).contributor_entries());
     w.end_object().end_object();
+    const auto feed = snap.change_feed();
+    w.key("change_feed").begin_object();
+    w.field("entries", feed.entries).field("first_commit", feed.first_commit).field("last_commit", feed.last_commit);
+    w.field("pruned_through", feed.pruned_through).field("oldest_time_ns", feed.oldest_time_ns);
+    w.end_object();
     w.key("checkpoints").begin_array();
     for (const auto& [source, position] : snap.checkpoints(t.consumer)) {
         w.begin_object().field("source", source).field("position", position);

@@ -164,7 +164,8 @@ command serve_command(context_fn t) {
          {"max-in-flight", "N", "events submitted and not answered at most (default 65536; 429 past it)"},
          {"read-timeout", "D", "a whole request must arrive within D (default 10s; slow clients are cut off)"},
          {"idle-timeout", "D", "a kept-alive connection waits D for its next request (default 30s)"},
-         {"threads", "N", "threads serving connections (default 2; the engine's writer has its own)"}},
+         {"threads", "N", "threads serving connections (default 2; the engine's writer has its own)"},
+         change_retention_option, change_keep_option},
         [t](const arguments& a) { return serve(t(), a); }};
 }
 

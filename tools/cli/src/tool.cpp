@@ -91,6 +91,7 @@ struct tool::impl {
         };
         add(detail::log_run_commands(t));
         add(detail::read_commands(t));
+        commands.push_back(detail::changes_command(t));
         commands.push_back(detail::deadletters_command(t));
         commands.push_back(detail::verify_command(t));
         commands.push_back(detail::chaos_command(t));

@@ -296,6 +296,8 @@ public:
         return std::nullopt;
     }
 
+    /// Returns whether the projection records its row changes in the change feed (changes()).
+    bool records_changes() const noexcept { return changes_; }
     /// Returns whether any handled event type has an effect key function (else effects are keyed by event id).
     bool keys_effects() const noexcept { return !effect_fns_.empty(); }
 
@@ -316,6 +318,7 @@ protected:
 
     std::string name_;
     std::uint32_t state_version_ = 1;
+    bool changes_ = false;
     std::map<std::string, handler, std::less<>> handlers_;
     std::map<std::type_index, key_fn> key_fns_;
     std::map<std::type_index, effect_fn> effect_fns_;
@@ -377,6 +380,14 @@ public:
         state_version_ = v;
         return *this;
     }
+    /// Records every row change in the store's change feed (docs/CHANGES.md): each commit's
+    /// changed rows with their new version and state, read by snapshot::changes(), engine
+    /// subscriptions, `idem changes`, GET /changes and `idem relay`. Off by default: a write per
+    /// changed row that nobody follows is a cost.
+    projection& changes(bool on = true) & {
+        changes_ = on;
+        return *this;
+    }
     /// Declares how a row written at state version `from` is read: fn(const Old&) returns the
     /// state of version from + 1 (State itself for the version before the current one). Rows
     /// are migrated when read and rewritten at the current version when next changed.
@@ -412,6 +423,7 @@ public:
     template <class F>
     projection&& effect_key(F fn) && { return std::move(effect_key(std::move(fn))); }
     projection&& state_version(std::uint32_t v) && { return std::move(state_version(v)); }
+    projection&& changes(bool on = true) && { return std::move(changes(on)); }
     template <class Old, class F>
     projection&& migrate(std::uint32_t from, F fn) && { return std::move(migrate<Old>(from, std::move(fn))); }
 

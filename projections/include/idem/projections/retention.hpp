@@ -71,6 +71,7 @@ struct prune_limits {
 struct prune_result {
     std::size_t ids = 0;           ///< inbox entries removed
     std::size_t contributors = 0;  ///< contributing-set entries removed
+    std::size_t changes = 0;       ///< change feed entries removed
     bool more = false;             ///< stopped at a limit: call again
 };
 

@@ -3,6 +3,7 @@
 // Reading a store: a snapshot of the committed state (LMDB snapshot isolation) and the views
 // of one consumer's and one projection's diagnostics it hands out.
 
+#include <idem/projections/changes.hpp>
 #include <idem/projections/dead_letter.hpp>
 #include <idem/projections/delivery.hpp>
 #include <idem/projections/operator_results.hpp>
@@ -61,6 +62,18 @@ State state_through(const projection<State>& p, std::string_view bytes, std::uin
     return std::move(static_cast<typed_state<State>&>(*box).value);
 }
 }  // namespace detail
+
+/// Decodes a change feed entry's state through its projection (migrated if older).
+template <class State>
+State state_of(const idem::projection<State>& p, const change& c) {
+    return detail::state_through<State>(p, c.state, c.state_version);
+}
+
+/// Appends a feed entry as one compact JSON object (no newline), as `idem changes`, GET /changes
+/// and `idem relay` give it: {"position":"C.I","commit","kind","projection","key","version",
+/// "time_ns","state"}; a reset has no key, version or state. The state is p's JSON of it (null
+/// when p is null: a projection the reader does not know).
+void append_change_json(std::string& out, const change& c, const projection_base* p);
 
 class consumer_view;
 class projection_view;
@@ -164,6 +177,17 @@ public:
 
     /// Returns the commit number this snapshot sees (0: nothing committed yet).
     std::uint64_t commit() const;
+    /// Returns the change feed's entries of the commits after since_commit, in feed order, whole
+    /// commits only: at most limit entries unless the first commit alone holds more. Empty: no
+    /// commit after it has entries (yet). Throws errc::changes_pruned, naming the oldest commit
+    /// kept, if entries after since_commit were pruned.
+    std::vector<change> changes(std::uint64_t since_commit, std::size_t limit = 1000) const;
+    /// Returns the entries after a position (a reader resuming mid-commit), as changes() does.
+    std::vector<change> changes_after(change_position after, std::size_t limit = 1000) const;
+    /// Returns what the change feed holds.
+    change_feed_info change_feed() const;
+    /// Returns the store's identity (32 hex digits; empty for a store made before it had one).
+    std::string store_id() const;
     /// Returns a consumer's checkpoint for a source, if it has one.
     std::optional<std::uint64_t> checkpoint(std::string_view consumer, std::string_view source) const;
     /// Returns a consumer's checkpoint for a source as stored: the u64 LE position, then its detail.

@@ -122,6 +122,11 @@ public:
     /// errc::invalid_argument naming the row (the steps before it are committed).
     migrate_result migrate_rows(std::size_t per_step = 10000,
                                 const std::function<void(const migrate_result&)>& progress = {});
+    /// Makes this store the successor of another (a rebuild's fresh store, before it is built):
+    /// it takes the other's store id, and its commits are numbered after after_commit, so that a
+    /// reader of the other's change feed finds this one's entries after its position (the reset
+    /// entries a bulk build records). Only on a store with no commit past after_commit.
+    void succeed(const std::string& store_id, std::uint64_t after_commit);
     /// Closes and reopens the environment and rebuilds every index from disk (after MDB_PANIC).
     /// Waits until no snapshot of this process is live.
     void reopen();

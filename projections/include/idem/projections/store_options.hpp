@@ -6,6 +6,7 @@
 //
 //   idem::store s{{.path = "orders.db", .consumer = "order-projector"}};
 
+#include <idem/projections/changes.hpp>
 #include <idem/projections/retention.hpp>
 #include <idem/storage/durability.hpp>
 #include <idem/storage/writer_lock.hpp>
@@ -63,6 +64,7 @@ struct store_options {
     /// store another process writes (errc::store_locked), else it is called while waiting.
     lock_wait wait_for_writer{};
     retention_options retention{};                     ///< inbox retention and the event-time horizon
+    change_retention changes{};                        ///< how long the change feed keeps entries
     /// Called inside every write transaction right before it commits (batches, operator actions,
     /// a bulk build's end): throwing aborts the transaction, so nothing of it is committed. A
     /// partition owner throws errc::lease_lost here once its lease may have expired (fencing).

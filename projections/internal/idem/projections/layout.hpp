@@ -5,6 +5,7 @@
 // Integers are little-endian unless a key needs big-endian order; a length-prefixed string
 // is [u32 LE length][bytes]. Not installed: the library, its tools and its tests read it.
 
+#include <idem/projections/changes.hpp>
 #include <idem/projections/store.hpp>
 #include <idem/storage/codec.hpp>
 
@@ -30,6 +31,12 @@ inline constexpr std::string_view meta_table = "meta";
 inline constexpr std::string_view format_key = "format";
 /// meta: the last commit number, u64 LE.
 inline constexpr std::string_view commit_key = "commit";
+/// meta: the store's identity, 32 hex digits, made with the store (a rebuild's store keeps its
+/// predecessor's): what a change feed reader checks it still reads.
+inline constexpr std::string_view store_id_key = "store-id";
+/// meta: the change feed's last pruned position (commit u64 LE, index u32 LE): a reader after an
+/// earlier position would miss entries.
+inline constexpr std::string_view changes_pruned_key = "changes-pruned";
 /// meta: a consumer's durable counters (consumer_stats).
 std::string stats_key(std::string_view consumer);
 /// meta: a consumer's retention clock (clock_record).
@@ -40,6 +47,11 @@ std::string contrib_floor_key(std::string_view projection);
 std::string journal_key(std::string_view projection);
 
 // --- tables -------------------------------------------------------------------------------
+
+/// The change feed: change_key(commit, index) -> change record (encode_change).
+inline constexpr std::string_view changes_table = "changes";
+/// When each commit with feed entries was made: commit (u64 BE) -> wall time ns, u64 LE.
+inline constexpr std::string_view change_times_table = "change-times";
 
 /// A consumer's inbox: an id_log of message ids (inbox_entry values).
 std::string inbox_table(std::string_view consumer);
@@ -96,6 +108,21 @@ struct clock_record {
     std::vector<std::uint64_t> jump_votes;  ///< the identities of the distinct events that agree on it (empty: none)
     std::vector<std::uint64_t> jump_sources;  ///< the distinct sources of those events (source_identity)
 };
+// --- the change feed ------------------------------------------------------------------------
+
+/// A feed key: commit (u64 BE), index (u32 BE), so the table is in feed order.
+std::string change_key(change_position at);
+/// Reads a feed key (throws corrupt_record if it is not one).
+change_position decode_change_key(std::string_view key);
+/// A feed record: [kind u8][version u64][state version u32][str projection][str key][state bytes].
+void encode_change(std::string& out, change_kind kind, std::uint64_t version, std::uint32_t state_version,
+                   std::string_view projection, std::string_view key, std::string_view state);
+/// Reads a feed entry (throws corrupt_record naming its position if it does not decode).
+change decode_change(std::string_view key, std::string_view value);
+/// meta changes_pruned_key's value: [commit u64][index u32] (none: nothing pruned).
+std::string encode_position(change_position at);
+change_position decode_position(std::optional<std::string_view> v);
+
 clock_record decode_clock(std::optional<std::string_view> v);
 std::string encode_clock(const clock_record& c);
 

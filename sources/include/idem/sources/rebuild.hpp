@@ -28,6 +28,11 @@ struct rebuild_options : log_run_options {
     /// Operator actions recorded in the target (release, redrive: `idem audit`) are decisions no
     /// log holds, which a rebuild would undo: it refuses such a target unless this is set.
     bool discard_operator_actions = false;
+    /// The store a build succeeds (store::succeed): its id, and the last commit it made. rebuild()
+    /// sets it from the target it replaces, so the target's change feed readers find the reset
+    /// entries after their position; empty: a store of its own.
+    std::string succeeds_store;
+    std::uint64_t succeeds_after_commit = 0;
 };
 
 /// Returns dir absolute and normalized, without a trailing separator ("data/" -> "/cwd/data").

@@ -28,6 +28,7 @@ enum class errc {
     stream_changed,          ///< a broker's stream went back behind its checkpoint (purged, recreated)
     delivery_exhausted,      ///< a message reached its delivery limit without a committed outcome
     lease_lost,              ///< the writer no longer holds the lease that fences its commits
+    changes_pruned,          ///< a change feed reader asked for commits the feed no longer holds
 };
 
 /// Returns the category of idem's own error codes ("idem").
