@@ -80,7 +80,7 @@ namespace detail {
 void batch_run::record_change(std::size_t p, std::string_view key, const codec::row_header& header,
                               std::string_view state) {
     const auto& proj = *s_.projections[p];
-    if (!proj.records_changes()) return;
+    if (!proj.records_changes() || !s_.options.change_feed) return;
     change_.clear();
     layout::encode_change(change_, change_kind::row, header.applied, header.state_version, proj.name(), key, state);
     // Keys rise with the commit and the index: each entry goes after the table's last.
@@ -90,7 +90,7 @@ void batch_run::record_change(std::size_t p, std::string_view key, const codec::
 void batch_run::record_resets() {
     // A bulk build replaces a projection's rows wholesale: one entry says to read them all again.
     for (const auto& proj : s_.projections) {
-        if (!proj->records_changes()) continue;
+        if (!proj->records_changes() || !s_.options.change_feed) continue;
         change_.clear();
         layout::encode_change(change_, change_kind::reset, 0, proj->state_version(), proj->name(), {}, {});
         txn_.put(s_.changes, layout::change_key({commit_, changes_++}), change_, MDB_APPEND);

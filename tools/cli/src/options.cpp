@@ -37,6 +37,8 @@ const option change_retention_option{"change-retention", "D",
                                      "keep the change feed's entries for D of wall time (default 7d; 0: no age limit)"};
 const option change_keep_option{"change-keep-commits", "N",
                                 "keep only the change feed's entries of the last N commits (default: no count limit)"};
+const option no_change_feed_option{"no-change-feed", "",
+                                   "record no change feed entries (a store nobody follows: one write less per changed row)"};
 
 std::optional<log_format> format_from(const arguments& a) {
     auto v = a.get("format");
@@ -75,6 +77,7 @@ void retention_from(const arguments& a, store_options& o) {
     if (auto d = duration_option(a, "allowed-lateness")) o.retention.allowed_lateness = d;
     o.retention.max_future_skew = limit_option(a, "max-future-skew", o.retention.max_future_skew);
     o.changes.max_age = limit_option(a, "change-retention", o.changes.max_age);
+    if (a.flag("no-change-feed")) o.change_feed = false;
     if (a.get("change-keep-commits")) {
         const auto n = a.number("change-keep-commits", 0);
         o.changes.keep_commits = n == 0 ? std::nullopt : std::optional<std::uint64_t>(n);

@@ -28,6 +28,7 @@ extern const option future_skew_option;
 extern const option resend_option;
 extern const option change_retention_option;
 extern const option change_keep_option;
+extern const option no_change_feed_option;
 
 /// Returns --format as a log format, or nullopt (detected from each file) if not given.
 std::optional<log_format> format_from(const arguments& a);

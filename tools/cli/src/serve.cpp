@@ -165,7 +165,7 @@ command serve_command(context_fn t) {
          {"read-timeout", "D", "a whole request must arrive within D (default 10s; slow clients are cut off)"},
          {"idle-timeout", "D", "a kept-alive connection waits D for its next request (default 30s)"},
          {"threads", "N", "threads serving connections (default 2; the engine's writer has its own)"},
-         change_retention_option, change_keep_option},
+         change_retention_option, change_keep_option, no_change_feed_option},
         [t](const arguments& a) { return serve(t(), a); }};
 }
 

@@ -65,6 +65,9 @@ struct store_options {
     lock_wait wait_for_writer{};
     retention_options retention{};                     ///< inbox retention and the event-time horizon
     change_retention changes{};                        ///< how long the change feed keeps entries
+    /// false: no projection records its changes in this store, whatever projection::changes()
+    /// says (a store nobody follows; `consume --no-change-feed`). Entries already kept stay.
+    bool change_feed = true;
     /// Called inside every write transaction right before it commits (batches, operator actions,
     /// a bulk build's end): throwing aborts the transaction, so nothing of it is committed. A
     /// partition owner throws errc::lease_lost here once its lease may have expired (fencing).
