@@ -266,7 +266,43 @@ def read_state(db, projections):
         return None
     stats = json.loads(idem("stats", "--db", db).stdout)
     dumps = {p: idem("dump", "--db", db, "--projection", p).stdout for p in projections}
-    return {"stats": stats, "dumps": dumps}
+    return {"stats": stats, "dumps": dumps, "changes": idem("changes", "--db", db).stdout}
+
+
+def feed_problems(state):
+    """The change feed is committed with the rows: in position order, versions rising per row, and
+    what a follower ends with (the last entry per row, after the last reset of its projection) is
+    the row; with no reset, every row is in it."""
+    problems = []
+    entries = [json.loads(line) for line in state["changes"].decode().splitlines()]
+    positions = [tuple(map(int, e["position"].split("."))) for e in entries]
+    if positions != sorted(set(positions)):
+        problems.append("change feed: positions not strictly increasing")
+    followed, reset = {}, set()
+    for e in entries:
+        p = e["projection"]
+        if e["kind"] == "reset":
+            reset.add(p)
+            followed = {k: v for k, v in followed.items() if k[0] != p}
+            continue
+        last = followed.get((p, e["key"]))
+        if last is not None and e["version"] <= last["version"]:
+            problems.append(f"change feed: {p}/{e['key']} version {e['version']} after {last['version']}")
+        followed[(p, e["key"])] = e
+    for p, text in state["dumps"].items():
+        rows = {r["key"]: r for r in (json.loads(line) for line in text.decode().splitlines())}
+        for (q, key), e in followed.items():
+            if q != p:
+                continue
+            row = rows.get(key)
+            if row is None or (row["version"], row["state"]) != (e["version"], e["state"]):
+                problems.append(f"change feed: {p}/{key} ends at version {e['version']}, the row is "
+                                f"{row and row['version']}")
+                break
+        if p not in reset and len([k for k in followed if k[0] == p]) != len(rows):
+            problems.append(f"change feed: {p} has {len(rows)} rows, the feed changed "
+                            f"{len([k for k in followed if k[0] == p])}")
+    return problems
 
 
 def checkpoint_of(state, log):
@@ -318,6 +354,7 @@ def invariants(state, log, offset, pruning):
         problems.append(f"inbox holds {s['inbox_size']} ids (+{r.get('pruned_ids', 0)} pruned), more than the "
                         f"{delivered - o.get('duplicate_message', 0)} deliveries that were not duplicate messages")
     contributors = r.get("contributors", {})
+    problems += feed_problems(state)
     for p, text in state["dumps"].items():
         rows = [json.loads(line) for line in text.decode().splitlines()]
         keys = [row["key"].encode() for row in rows]
