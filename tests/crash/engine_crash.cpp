@@ -197,6 +197,37 @@ idem::store_options store_options_for(const options& o) {
 
 std::string kind_name(idem::outcome_kind k) { return std::string(idem::to_string(k)); }
 
+/// The change feed is committed with the rows it describes: positions rise, versions rise per
+/// row, and the last entry of every row is the row (its version and state bytes), every row in it.
+void check_feed(const idem::snapshot& snap) {
+    std::map<std::pair<std::string, std::string>, idem::change> last;
+    idem::change_position at{};
+    for (auto& c : snap.changes(0, SIZE_MAX)) {
+        if (c.position <= at) throw divergence("change feed: position " + c.position.to_string() + " after " + at.to_string());
+        at = c.position;
+        auto& slot = last[{c.projection, c.key}];
+        if (slot.version >= c.version) {
+            throw divergence("change feed: " + c.projection + " row '" + c.key + "' version " + std::to_string(c.version) +
+                             " after " + std::to_string(slot.version));
+        }
+        slot = std::move(c);
+    }
+    std::size_t rows = 0;
+    for (const char* p : {"order-totals", "positions", "leaderboard", "inventory"}) {
+        snap.scan_raw(p, [&](const idem::snapshot::raw_row_view& r) {
+            ++rows;
+            auto it = last.find({p, std::string(r.key)});
+            if (it == last.end() || it->second.version != r.version || it->second.state != r.state) {
+                throw divergence("change feed: " + std::string(p) + " row '" + std::string(r.key) + "' at version " +
+                                 std::to_string(r.version) + " is not the feed's last entry of it");
+            }
+        });
+    }
+    if (rows != last.size()) {
+        throw divergence("change feed: " + std::to_string(last.size()) + " rows changed, " + std::to_string(rows) + " rows");
+    }
+}
+
 /// What must hold in any committed state, whatever was killed where. Checks every row's
 /// contributing set if all_rows, else a window of rows that moves with the commit number
 /// (counting a row's contributors walks its projection's whole contributor log).
@@ -224,6 +255,7 @@ void check_invariants(const idem::snapshot& snap, bool all_rows) {
         throw divergence("commit " + std::to_string(snap.commit()) + " but " + std::to_string(stats.batches) +
                          " batches counted");
     }
+    check_feed(snap);
     constexpr std::size_t window = 12;
     for (const char* p : {"order-totals", "positions", "leaderboard", "inventory"}) {
         std::vector<std::pair<std::string, std::uint64_t>> rows;
@@ -251,7 +283,7 @@ void check(const options& o, const std::vector<message>& log, const std::map<std
         return;
     }
     idem::store store{store_options_for(o)};
-    idem::examples::add_all(store);
+    idem::examples::add_all(store, true);
     check_invariants(store.read(), final);
     const auto checked = checked_until(o);
     std::uint64_t acks_end = checked;
@@ -365,7 +397,7 @@ std::size_t deliver(const options& o, const std::vector<message>& log, const std
         eo.max_batch = o.max_batch;
         idem::engine engine{io.get_executor(), eo};
         // The example domains as the `idem` tool has them: projections and the orders upcaster.
-        engine.add_projections([](idem::store& s) { idem::examples::add_all(s); });
+        engine.add_projections([](idem::store& s) { idem::examples::add_all(s, true); });
         std::atomic<std::size_t> next{0};
         for (std::size_t i = 0; i < o.submitters; ++i) {
             boost::asio::co_spawn(io, submit(engine, pending, next, ack_fd), [&](std::exception_ptr ex) {

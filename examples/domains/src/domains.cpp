@@ -27,12 +27,12 @@ std::string format_totals(std::initializer_list<std::pair<const char*, std::int6
 
 }  // namespace detail
 
-void add_all(idem::store& s) {
-    s.add(order_totals());
+void add_all(idem::store& s, bool changes) {
+    s.add(order_totals().changes(changes));
     s.upcast(order_line_upcaster());
-    s.add(positions());
-    s.add(leaderboard());
-    s.add(inventory());
+    s.add(positions().changes(changes));
+    s.add(leaderboard().changes(changes));
+    s.add(inventory().changes(changes));
 }
 
 namespace {

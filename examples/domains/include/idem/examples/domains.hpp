@@ -21,8 +21,9 @@ namespace idem::examples {
 /// The example domains' names, as `idem gen --domain` takes them.
 inline constexpr std::array<std::string_view, 3> domain_names{"trading", "game", "orders"};
 
-/// Adds all four example projections to a store (order-totals, positions, leaderboard, inventory).
-void add_all(idem::store& s);
+/// Adds all four example projections to a store (order-totals, positions, leaderboard, inventory),
+/// recording their changes in the change feed if changes (as the `idem` tool's do).
+void add_all(idem::store& s, bool changes = false);
 
 /// Returns a domain's totals over a snapshot's rows as compact JSON, the same text
 /// generate() predicts in gen_result::totals_json:
