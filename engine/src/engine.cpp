@@ -1,5 +1,7 @@
 #include <idem/engine/engine.hpp>
 
+#include "commit_watch.hpp"
+
 #include <idem/projections/store_hooks.hpp>
 #include <idem/storage/reused_buffer.hpp>
 
@@ -90,6 +92,8 @@ double seconds_since(clock::time_point t) { return std::chrono::duration<double>
 struct engine::impl {
     engine_options options;
     std::unique_ptr<store> st;
+    // Told of every durable commit; subscriptions and commit waits hold it, and may outlive us.
+    std::shared_ptr<detail::commit_watch> watch;
 
     mutable std::mutex m;
     std::condition_variable cv;
@@ -198,6 +202,8 @@ engine::engine(executor_type ex, engine_options options) : executor_(std::move(e
     }
     impl_->options = std::move(options);
     impl_->st = std::make_unique<store>(impl_->options.store);
+    // What an earlier run committed is on disk: a subscription may read it at once.
+    impl_->watch = std::make_shared<detail::commit_watch>(*impl_->st, impl_->st->read().commit());
     impl_->writer = std::thread([this] { impl_->run(); });
 }
 
@@ -212,6 +218,8 @@ engine::~engine() {
         impl_->cv.notify_all();
     }
     impl_->writer.join();
+    // Subscriptions may outlive the engine: none reads the store once this returns.
+    impl_->watch->shutdown();
 }
 
 void engine::add_projections(const std::function<void(store&)>& add) {
@@ -458,6 +466,8 @@ void engine::impl::commit(std::vector<pending_apply>& batch) {
         batch_sizes.add(static_cast<double>(ready.size()));
         commit_times.add(seconds_since(started_at));
     }
+    // Subscribers and commit waits learn of it now; they read the feed on their own executors.
+    if (!ec) watch->advance(ready.front().second.commit);
     // On failure none of the batch was applied: every delivery gets the error.
     release(ready, ec);
 }
@@ -512,7 +522,20 @@ void engine::impl::finish_marker(pending_marker& marker) {
         ec = failure;
         if (marker.stop) done = true;
     }
+    if (marker.stop) watch->stop();  // outstanding subscriptions and commit waits end now
     post_marker(marker, ec);
+}
+
+void engine::wait_commit(std::uint64_t commit, marker_handler handler, executor_type ex) {
+    impl_->watch->wait_commit(commit, std::move(handler), std::move(ex));
+}
+
+subscription engine::subscribe(change_position after, std::size_t limit) {
+    return subscription(detail::new_subscription(impl_->watch, after, limit), executor_);
+}
+
+subscription engine::subscribe(std::uint64_t after_commit, std::size_t limit) {
+    return subscribe(change_position{after_commit, UINT32_MAX}, limit);
 }
 
 snapshot engine::read() const { return impl_->st->read(); }

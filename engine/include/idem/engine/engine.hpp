@@ -4,6 +4,7 @@
 // thread owns every LMDB write transaction and batches concurrent submissions (group
 // commit); a submission completes only after the commit that recorded it is durable.
 
+#include <idem/engine/subscription.hpp>
 #include <idem/projections/store.hpp>
 
 #include <boost/asio/any_completion_handler.hpp>
@@ -162,6 +163,28 @@ public:
             token);
     }
 
+    /// Completes (with no error) once commit is durable as the durability mode defines, so that
+    /// read() then sees it (read-your-writes across threads: an outcome's commit, then this).
+    /// The handler is never invoked from within this function, also when the commit is durable
+    /// already. Errors: operation_canceled (ECANCELED) if the engine stops before the commit is durable.
+    template <boost::asio::completion_token_for<void(std::error_code)> CompletionToken>
+    auto async_wait_commit(std::uint64_t commit, CompletionToken&& token) {
+        return boost::asio::async_initiate<CompletionToken, void(std::error_code)>(
+            [this](auto handler, std::uint64_t c) {
+                auto ex = tracked(boost::asio::get_associated_executor(handler, executor_));
+                wait_commit(c, boost::asio::any_completion_handler<void(std::error_code)>(std::move(handler)),
+                            std::move(ex));
+            },
+            token, commit);
+    }
+
+    /// Returns a subscription to the change feed after a position (default: from the feed's
+    /// start), whose async_next delivers whole durable commits of at most about limit entries.
+    /// Thread safety: may be called from any thread, before or after the first submission.
+    subscription subscribe(change_position after = {0, UINT32_MAX}, std::size_t limit = 1000);
+    /// Returns a subscription to the change feed after every entry of commit after_commit.
+    subscription subscribe(std::uint64_t after_commit, std::size_t limit = 1000);
+
     /// Returns a snapshot of the committed state. Taken after an outcome arrived, it includes
     /// that outcome's commit.
     snapshot read() const;
@@ -189,6 +212,8 @@ private:
     void submit(delivery d, boost::asio::any_completion_handler<apply_signature> handler, executor_type ex,
                 std::optional<checkpoint> at = std::nullopt);
     void flush(boost::asio::any_completion_handler<void(std::error_code)> handler, executor_type ex, bool stop);
+    void wait_commit(std::uint64_t commit, boost::asio::any_completion_handler<void(std::error_code)> handler,
+                     executor_type ex);
 
     executor_type executor_;
     std::unique_ptr<impl> impl_;
