@@ -44,6 +44,8 @@ class orders_test(unittest.TestCase):
             p = run("data", cwd=self.dir)
             self.assertEqual(p.returncode, 0, p.stderr)
             self.assertIn("100 orders, 0 wrong totals", p.stdout)
+            # The second read model, built from the first one's change feed through a subscription.
+            self.assertIn("10 customers from the order totals' changes, 0 wrong totals", p.stdout)
             self.assertIn("applied=10000 ", p.stdout)
         self.assertEqual(sorted(os.listdir(os.path.join(self.dir, "data"))), ["data.mdb", "idem.lock", "lock.mdb"])
         os.makedirs(os.path.join(self.dir, "empty"))
