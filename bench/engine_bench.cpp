@@ -199,14 +199,6 @@ struct run_result {
     summary got;
 };
 
-// Percentile by the engine's rule (the sample at q * (n - 1) in sorted order).
-double percentile(std::vector<double>& v, double q) {
-    if (v.empty()) return 0;
-    auto i = static_cast<std::size_t>(q * static_cast<double>(v.size() - 1));
-    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(i), v.end());
-    return v[i];
-}
-
 // A closed-loop submitter: takes the next unsubmitted delivery, submits it, waits.
 asio::awaitable<void> submitter(idem::engine& engine, std::span<const idem::delivery> all,
                                 std::atomic<std::size_t>& next, std::vector<double>& acks, tally& t) {

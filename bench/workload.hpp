@@ -258,6 +258,14 @@ inline std::string fixed(double v, int decimals) {
     return buf.data();
 }
 
+/// The sample at q * (n - 1) in sorted order (the engine's rule for its distributions).
+inline double percentile(std::vector<double>& v, double q) {
+    if (v.empty()) return 0;
+    auto i = static_cast<std::size_t>(q * static_cast<double>(v.size() - 1));
+    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(i), v.end());
+    return v[i];
+}
+
 inline double median(std::vector<double> v) {
     std::sort(v.begin(), v.end());
     auto mid = v.size() / 2;
