@@ -207,5 +207,24 @@ class refusal_test(relay_case):
         self.assertEqual((again["stored"], again["duplicates"]), (0, first["stored"] - 1), again)
 
 
+class reset_test(relay_case):
+    def test_a_rebuild_upstream_is_published_as_one_reset_event(self):
+        run("gen", "--out", self.path("a.jsonl"), "--domain", "orders", "--events", 300, "--aggregates", 20)
+        a = self.path("A")
+        run("consume", "--db", a, "--log", self.path("a.jsonl"))
+        first = json.loads(run(*self.relay_args(a)).stdout)
+        run("rebuild", "--db", a, "--log", self.path("a.jsonl"))
+        after = json.loads(run(*self.relay_args(a)).stdout)
+        self.assertEqual((after["resets"], after["store_id"]), (1, first["store_id"]), after)
+        messages = self.stream_messages()
+        resets = [json.loads(m["data"]) for m in messages if m["subject"] == "changes.order-totals"]
+        self.assertEqual(len(resets), 1, [m["subject"] for m in messages[-3:]])
+        r = resets[0]
+        self.assertEqual(r["type"], "idem.reset.order-totals")
+        self.assertNotIn("sequence", r)
+        self.assertEqual(r["data"], {"projection": "order-totals", "position": r["idemposition"]})
+        self.assertEqual(r["id"], f"{first['store_id']}/order-totals/reset/{r['idemposition']}")
+
+
 if __name__ == "__main__":
     idem_cli.main("relay")
