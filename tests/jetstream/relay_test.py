@@ -75,9 +75,9 @@ class relay_case(consume_case):
         self.procs.append(p)
         return p
 
-    def relay_args(self, db, *extra):
+    def relay_args(self, db, *extra, max_pending=MAX_PENDING):
         return ["relay", "--db", db, "--nats", self.ns.url, "--stream", "CHANGES", "--subject", "changes",
-                "--projection", "order-totals", "--max-pending", MAX_PENDING, *extra]
+                "--projection", "order-totals", "--max-pending", max_pending, *extra]
 
     def states(self, db, projection):
         return {r["key"]: r["state"] for r in jsonl(run("dump", "--db", db, "--projection", projection).stdout)}
@@ -196,7 +196,7 @@ class refusal_test(relay_case):
         p = run(*self.relay_args(self.path("C")), check=False)
         self.assertEqual(p.returncode, 2, p.stderr)
         self.assertIn("holds the changes of store " + first["store_id"], p.stderr)
-        p = run(*self.relay_args(self.path("A"))[:-4], "--projection", "nope", check=False)
+        p = run(*self.relay_args(self.path("A"))[:-4], "--projection", "nope", check=False)  # no --projection, --max-pending
         self.assertEqual(p.returncode, 1, p.stderr)
         self.assertIn("no projection named 'nope'", p.stderr)
         p = run("relay", "--db", self.path("A"), "--nats", self.ns.url, "--stream", "X", "--subject", "a.*",
@@ -205,6 +205,28 @@ class refusal_test(relay_case):
         self.assertIn("wildcard", p.stderr)
         again = json.loads(run(*self.relay_args(self.path("A"))).stdout)
         self.assertEqual((again["stored"], again["duplicates"]), (0, first["stored"] - 1), again)
+
+
+class broker_kill_test(relay_case):
+    def test_a_broker_killed_mid_relay_is_ridden_out_and_the_stream_holds_each_change_once(self):
+        run("gen", "--out", self.path("a.jsonl"), "--domain", "orders", "--events", 20000, "--aggregates", 3000)
+        a = self.path("A")
+        run("consume", "--db", a, "--log", self.path("a.jsonl"), "--batch", 200)
+        relay = self.spawn("relay", self.relay_args(a, "--follow", max_pending=16))  # slow: many windows
+        wait_for(lambda: (self.ns.stream_info("CHANGES") or {}).get("messages", 0) > 500, 60, "the relay to start")
+        self.ns.kill()
+        time.sleep(1.0)
+        self.ns.restart()
+        changes = self.feed_changes(a)
+        before = self.ns.stream_info("CHANGES")["messages"]
+        self.assertLess(before, len(changes), "the broker was killed after the relay had finished")
+        wait_for(lambda: self.ns.stream_info("CHANGES")["messages"] >= len(changes), 120, "the relay to catch up")
+        rc, summary, err = self.finish(relay)
+        self.assertEqual(rc, 0, err)
+        stored = [json.loads(m["data"])["id"] for m in self.stream_messages()]
+        self.assertEqual(len(stored), len(set(stored)), "a change stored twice")
+        self.assertEqual(sorted(stored), sorted(f"{summary['store_id']}/order-totals/{c['key']}/{c['version']}"
+                                                for c in changes))
 
 
 class reset_test(relay_case):
