@@ -116,9 +116,9 @@ class chain_test(relay_case):
         upstream = lambda: self.spawn("up", ["consume", "--db", a, "--log", log, "--follow", "--batch", 300])
         relay = lambda: self.spawn("relay", self.relay_args(a, "--follow", "--poll-ms", 20))
         downstream = lambda: self.spawn("down", self.consume_args(b, "CHANGES", "down", "--gaps", "apply",
-                                                                  "--max-batch", 200))
+                                                                  "--max-batch", 200, "--ack-wait", "2s"))
         procs = {"up": upstream()}
-        wait_for(lambda: os.path.exists(a), 60, "store A")
+        wait_for(lambda: run("changes", "--db", a, "--limit", 1, check=False).returncode == 0, 60, "store A")
         procs["relay"] = relay()
         wait_for(lambda: self.ns.stream_info("CHANGES"), 60, "the relay to create the stream")
         procs["down"] = downstream()
