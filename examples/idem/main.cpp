@@ -1,5 +1,6 @@
 // The `idem` command line over the example domains: orders, trading positions, the game
-// leaderboard and inventory, plus `idem gen`, which writes realistic logs of them.
+// leaderboard and inventory, plus `idem gen`, which writes realistic logs of them, and a
+// downstream copy of the order totals fed by `idem relay` from another store's change feed.
 // A tool over your own projections is the same few lines with your projections.
 
 #include <idem/cli/tool.hpp>
@@ -69,6 +70,7 @@ int main(int argc, char** argv) {
         .add(idem::examples::positions().changes())
         .add(idem::examples::leaderboard().changes())
         .add(idem::examples::inventory().changes())
+        .add(idem::examples::order_totals_copy().changes())  // fed by `idem relay` from another store
         .add_command(gen_command());
     return tool.run(argc, argv);
 }

@@ -664,7 +664,7 @@ class bad_input_test(cli_case):
             (["consume", "--db", db, "--log", log, "--durability", "maybe"],
              "idem consume: option '--durability': 'maybe' is not full, periodic or none"),
             (["dump", "--db", db, "--projection", "nope"],
-             "idem dump: no projection named 'nope' (this tool has: order-totals, positions, leaderboard, inventory)"),
+             "idem dump: no projection named 'nope' (this tool has: order-totals, positions, leaderboard, inventory, order-totals-copy)"),
             (["gen", "--out", log, "--redeliver", "2"], "idem gen: shares are between 0 and 1"),
             (["rebuild", "--db", db, "--log", log, "--allowed-lateness", "soon"],
              "idem rebuild: option '--allowed-lateness': 'soon' is not a duration (7d, 1h, 90m, 30s)"),
@@ -687,7 +687,7 @@ class bad_input_test(cli_case):
             (["why", "--db", db], "idem why: give --event SOURCE/ID or --message ID"),
             (["why", "--db", db, "--event", "no-slash"], "idem why: option '--event': 'no-slash' is not SOURCE/ID"),
             (["why", "--db", db, "--event", "/s/x", "--key", "k", "--projection", "nope"],
-             "idem why: no projection named 'nope' (this tool has: order-totals, positions, leaderboard, inventory)"),
+             "idem why: no projection named 'nope' (this tool has: order-totals, positions, leaderboard, inventory, order-totals-copy)"),
         ]:
             p = run(*args, check=False)
             self.assertEqual(p.returncode, 1, args)

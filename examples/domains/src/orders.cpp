@@ -27,6 +27,14 @@ idem::projection<order_total> order_totals() {
         });
 }
 
+idem::projection<order_total> order_totals_copy() {
+    return idem::projection<order_total>(order_totals_copy_projection)
+        .on<order_total_changed>([](order_total& t, const order_total_changed& e) {
+            t = order_total{e.total, e.lines, e.currency};
+        })
+        .state_version(order_total::state_version);
+}
+
 idem::upcaster order_line_upcaster() {
     return idem::upcast_step<line_added_v1, line_added>(line_added::event_type, 1, [](const line_added_v1& v1) {
         return line_added{v1.order_id, money{v1.amount, "EUR"}};

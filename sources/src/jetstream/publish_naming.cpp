@@ -6,10 +6,6 @@
 
 namespace idem::jetstream::detail {
 
-namespace {
-
-// Percent-encodes the bytes outside 0x21-0x7E and those in `also`: '%' is always among them,
-// so the encoding is reversible and two different inputs never give the same text.
 std::string percent_encode(std::string_view s, std::string_view also) {
     static constexpr char hex[] = "0123456789ABCDEF";
     std::string out;
@@ -26,6 +22,8 @@ std::string percent_encode(std::string_view s, std::string_view also) {
     }
     return out;
 }
+
+namespace {
 
 std::vector<std::string_view> tokens(std::string_view subject) {
     std::vector<std::string_view> out;

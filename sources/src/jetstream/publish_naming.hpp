@@ -13,6 +13,10 @@
 
 namespace idem::jetstream::detail {
 
+/// Returns s with the bytes outside 0x21-0x7E, '%' and those in `also` percent-encoded (%XX,
+/// upper-case hex): reversible, so two different inputs never give the same text.
+std::string percent_encode(std::string_view s, std::string_view also);
+
 /// Returns the Nats-Msg-Id of an event: its msgid, else "<byte length of source>:<source><id>",
 /// with bytes outside 0x21-0x7E and '%' percent-encoded.
 std::string publish_msg_id(const envelope& e);

@@ -80,6 +80,8 @@ command serve_command(context_fn t);
 #ifdef IDEM_JETSTREAM
 /// `publish` (publish.cpp): logs into a JetStream stream.
 command publish_command();
+/// `relay` (relay.cpp): a store's change feed into a JetStream stream.
+command relay_command(context_fn t);
 /// `owners` (partitioned_consume.cpp): a partitioned group's leases.
 command owners_command();
 #endif

@@ -218,6 +218,7 @@ int consume_one(const tool_context& t, const arguments& a) {
     eo.store.sync = durability_from(a);
     eo.store.wait_for_writer = writer_wait(t.name, a, db);
     retention_from(a, eo.store);
+    gaps_from(a, eo.store);
     eo.store.retention.clock = retention_clock::wall;  // a broker redelivers in wall time
     eo.store.retention.source = src.bound();            // a shorter inbox retention is refused
     eo.max_in_flight = std::max<std::size_t>(eo.max_in_flight, 2 * so.fetch_batch);

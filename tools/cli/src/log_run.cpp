@@ -54,6 +54,7 @@ void log_run_from(const tool_context& t, const arguments& a, const std::filesyst
     o.store.wait_for_writer = writer_wait(t.name, a, db);
     if (auto transport = a.get("transport")) o.transport = *transport;
     retention_from(a, o.store);
+    gaps_from(a, o.store);
 }
 
 void write_outcomes(json_writer& w, const consumer_stats& s) {

@@ -39,6 +39,10 @@ const option change_keep_option{"change-keep-commits", "N",
                                 "keep only the change feed's entries of the last N commits (default: no count limit)"};
 const option no_change_feed_option{"no-change-feed", "",
                                    "record no change feed entries (a store nobody follows: one write less per changed row)"};
+const option gaps_option{"gaps", "park|apply|reject",
+                         "an event whose sequence skips ahead of its subject's: park (default) holds it until the gap "
+                         "fills; apply applies it now (earlier ones coming later are duplicates: what a stream of "
+                         "`idem relay` needs, whose versions skip); reject dead-letters it as sequence_gap"};
 
 std::optional<log_format> format_from(const arguments& a) {
     auto v = a.get("format");
@@ -88,6 +92,20 @@ void retention_from(const arguments& a, store_options& o) {
         throw usage_error("option '--allowed-lateness': " + format_duration(*r.allowed_lateness) +
                           " is shorter than the logs' re-send delay of " + format_duration(*r.resend_within) +
                           " (--resend-within): a re-sent event could be applied twice");
+    }
+}
+
+void gaps_from(const arguments& a, store_options& o) {
+    auto v = a.get("gaps");
+    if (!v) return;
+    if (*v == "park") {
+        o.gaps = gap_policy::park;
+    } else if (*v == "apply") {
+        o.gaps = gap_policy::apply;
+    } else if (*v == "reject") {
+        o.gaps = gap_policy::reject;
+    } else {
+        throw usage_error("option '--gaps': '" + *v + "' is not park, apply or reject");
     }
 }
 

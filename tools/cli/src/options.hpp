@@ -29,6 +29,7 @@ extern const option resend_option;
 extern const option change_retention_option;
 extern const option change_keep_option;
 extern const option no_change_feed_option;
+extern const option gaps_option;
 
 /// Returns --format as a log format, or nullopt (detected from each file) if not given.
 std::optional<log_format> format_from(const arguments& a);
@@ -48,6 +49,9 @@ std::optional<std::chrono::nanoseconds> limit_option(const arguments& a, std::st
 /// --resend-within, on the event-time clock (logs are read on their own clock, so a rebuild is
 /// deterministic).
 void retention_from(const arguments& a, store_options& o);
+
+/// Sets the sequence gap policy from --gaps (park, apply or reject; default park).
+void gaps_from(const arguments& a, store_options& o);
 
 /// Returns a dead-letter reason option; throws usage_error listing the reasons.
 reason reason_option(const arguments& a, std::string_view name);

@@ -139,6 +139,7 @@ int consume_partitioned(const tool_context& t, const arguments& a) {
     po.engine.store = t.store_for(po.db);
     po.engine.store.sync = durability_from(a);
     retention_from(a, po.engine.store);
+    gaps_from(a, po.engine.store);
     po.engine.store.retention.clock = retention_clock::wall;
     po.engine.max_in_flight = std::max<std::size_t>(po.engine.max_in_flight, 2 * po.source.fetch_batch);
     po.add_projections = t.setup;

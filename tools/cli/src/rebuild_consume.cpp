@@ -109,7 +109,7 @@ std::vector<command> log_run_commands(context_fn t) {
          {"journal-rows", "N",
           "changed rows are journaled and folded into the row table once N are journaled (default: automatic)"},
          wait_option, inbox_retention_option, lateness_option, transport_option, future_skew_option, resend_option,
-         change_retention_option, change_keep_option, no_change_feed_option};
+         change_retention_option, change_keep_option, no_change_feed_option, gaps_option};
 #ifdef IDEM_JETSTREAM
     // A broker redelivers in wall time: with --nats the inbox retention is measured on the wall clock.
     for (auto& o : consume_flags) {

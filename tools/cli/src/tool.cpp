@@ -103,6 +103,7 @@ struct tool::impl {
         add(detail::operator_commands(t));
 #ifdef IDEM_JETSTREAM
         commands.push_back(detail::publish_command());
+        commands.push_back(detail::relay_command(t));
         commands.push_back(detail::owners_command());
 #endif
 #ifdef IDEM_HTTP

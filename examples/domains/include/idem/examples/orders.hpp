@@ -99,4 +99,29 @@ idem::projection<order_total> order_totals();
 /// Returns the upcaster of `order.line_added` version 1 to version 2 (the amount in EUR).
 idem::upcaster order_line_upcaster();
 
+/// The name of the downstream copy of `order-totals` (its table is "proj/order-totals-copy").
+inline constexpr const char* order_totals_copy_projection = "order-totals-copy";
+
+/// A row of `order-totals` changed in an upstream store: what `idem relay` publishes, CloudEvents
+/// type `idem.change.order-totals`, subject the order, sequence the row's version, data the row.
+struct order_total_changed {
+    /// The CloudEvents type this payload travels under.
+    static constexpr const char* event_type = "idem.change.order-totals";
+
+    std::int64_t total = 0;
+    std::int64_t lines = 0;
+    std::string currency;
+
+    template <class Archive>
+    void serialize(Archive& ar) {
+        ar(CEREAL_NVP(total), CEREAL_NVP(lines), CEREAL_NVP(currency));
+    }
+};
+
+/// Returns the `order-totals-copy` projection: another service's read model fed by an upstream
+/// store's changes (`idem relay`), each order's latest `order-totals` row, keyed by the event's
+/// subject. Consumed with gap_policy::apply (versions skip), an older version arriving after a
+/// newer one is a duplicate, so the row is the newest state whatever the delivery order.
+idem::projection<order_total> order_totals_copy();
+
 }  // namespace idem::examples
