@@ -993,13 +993,6 @@ std::uint64_t store_size(const std::filesystem::path& dir) {
     return bytes;
 }
 
-double percentile(std::vector<double>& v, double q) {
-    if (v.empty()) return 0;
-    auto i = static_cast<std::size_t>(q * static_cast<double>(v.size() - 1));
-    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(i), v.end());
-    return v[i];
-}
-
 }  // namespace idem_bench::js
 
 int main(int argc, char** argv) {

@@ -53,7 +53,5 @@ contender_result run_idem(const contender_context& c);
 /// Returns the total size of the regular files under dir, LMDB's lock file excepted.
 std::uint64_t store_size(const std::filesystem::path& dir);
 
-/// Returns the value at quantile q (the sample at q * (n - 1) in sorted order); 0 if empty.
-double percentile(std::vector<double>& v, double q);
 
 }  // namespace idem_bench::js

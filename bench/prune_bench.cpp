@@ -43,12 +43,6 @@ struct phase_result {
     idem::engine_stats stats;
 };
 
-double percentile(std::vector<double> v, double q) {
-    if (v.empty()) return 0;
-    std::sort(v.begin(), v.end());
-    return v[std::min(v.size() - 1, static_cast<std::size_t>(q * static_cast<double>(v.size())))];
-}
-
 /// Runs k closed-loop submitters of fresh events until done() says so.
 phase_result live_load(const std::filesystem::path& dir, std::size_t k, bool retention, std::size_t first_id,
                        const std::function<bool(const idem::engine&)>& done) {
