@@ -164,7 +164,7 @@ class changes_test(unittest.TestCase):
         resets = [e for e in entries if e["kind"] == "reset"]
         # One reset per recording projection, in the commit right after the old store's last.
         self.assertEqual(sorted(e["projection"] for e in resets),
-                         sorted(["order-totals", "positions", "leaderboard", "inventory"]))
+                         sorted(["order-totals", "positions", "leaderboard", "inventory", "order-totals-copy"]))
         self.assertEqual({position(e)[0] for e in resets}, {old + 1})
         # A follower that re-reads at the reset and applies what follows ends equal to the rows.
         after = entries[entries.index(resets[-1]) + 1:]
