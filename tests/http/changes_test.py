@@ -221,36 +221,50 @@ class changes_tests(serve_case):
         self.assertEqual(s.stop(), 0)
 
     def test_a_client_that_stops_reading_is_dropped_and_does_not_slow_the_posts(self):
-        s = self.start("--changes-buffer", 32768, "--changes-stall", "1s", "--durability", "none")
+        s = self.start("--changes-buffer", 32768, "--changes-stall", "4s", "--durability", "none")
         post_lines(s, "h", 3000, 50, {}, per_post=100)  # a history larger than any socket buffer
+        rounds = iter(range(1000))
 
-        def rate(prefix):
-            n = 150
-            start = time.monotonic()
-            post_lines(s, prefix, n, 50, {})
-            return n / (time.monotonic() - start)
+        def rate():
+            # The best of three short rounds: a loaded machine's pauses fall into one round, not all.
+            best = 0
+            for _ in range(3):
+                n = 60
+                start = time.monotonic()
+                post_lines(s, f"r{next(rounds)}", n, 50, {})
+                best = max(best, n / (time.monotonic() - start))
+            return best
 
-        alone = rate("x")
+        alone = rate()
         stuck = sse_client(s.port, "?since=0", rcvbuf=4096, read=False)
         time.sleep(0.2)
-        with_stuck = rate("y")
+        with_stuck = rate()
         self.assertGreaterEqual(with_stuck, 0.5 * alone, f"{with_stuck:.0f} posts/s with a stuck reader, {alone:.0f} without")
-        # The stuck connection is closed (the metrics request is the one left open).
+        # The stuck connection is closed: the count falls to the metrics request's own (a client's
+        # closed connection may still be counted for a moment, so one sighting is enough), and
+        # the stuck socket, read at last, ends.
         end = time.monotonic() + 20
-        while time.monotonic() < end and s.metric("idem_http_connections") > 1:
+        dropped = False
+        while time.monotonic() < end and not dropped:
+            dropped = s.metric("idem_http_connections") <= 1
             time.sleep(0.1)
-        self.assertEqual(s.metric("idem_http_connections"), 1, "the stuck stream was not closed")
+        self.assertTrue(dropped, "the stuck stream was not closed")
         stuck.sock.settimeout(5)
         received = b""
+        ended = False
         try:
             while True:
                 chunk = stuck.sock.recv(65536)
                 if not chunk:
+                    ended = True
                     break
                 received += chunk
-        except (ConnectionResetError, socket.timeout):
+        except ConnectionResetError:
+            ended = True
+        except socket.timeout:
             pass
         stuck.close()
+        self.assertTrue(ended, "the stuck stream's socket was still open")
         self.assertTrue(received.startswith(b"HTTP/1.1 200"))
         # A reader that keeps up is served meanwhile, to the end.
         last = post_lines(s, "z", 1, 50, {})
