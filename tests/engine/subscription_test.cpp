@@ -239,10 +239,11 @@ TEST_CASE("a subscriber follows concurrent submitters: every entry once, in orde
         for (const auto& c : snap.changes(0, SIZE_MAX)) all.push_back(c.position);
         CHECK(f->positions() == all);
 
-        f->sub().cancel();
-        REQUIRE(f->wait_end());
-        CHECK(*f->end() == aborted);
+        // The follower may be between a completion and its next async_next: stop() covers both
+        // (cancel's own completion is checked where nothing races it, below).
+        f->stop();
         followers_io.join();
+        CHECK((!f->end() || *f->end() == aborted));
         submitters_io.join();
     }
 }
