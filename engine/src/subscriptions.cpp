@@ -9,6 +9,7 @@
 #include <boost/asio/post.hpp>
 
 #include <algorithm>
+#include <iterator>
 #include <optional>
 #include <utility>
 

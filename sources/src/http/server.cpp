@@ -10,6 +10,7 @@
 #include <idem/sources/http.hpp>
 
 #include "answers.hpp"
+#include "change_stream.hpp"
 #include "ingest.hpp"
 
 #include <idem/storage/error.hpp>
@@ -20,6 +21,7 @@
 #include <boost/asio/ssl/context.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
+#include <boost/asio/write.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/core/string.hpp>
 #include <boost/beast/core/tcp_stream.hpp>
@@ -123,7 +125,9 @@ namespace {
 
 // One connection; Stream is beast::tcp_stream or tls_stream.
 template <class Stream>
-class session : public connection, public std::enable_shared_from_this<session<Stream>> {
+class session : public connection,
+                public detail::event_sink,
+                public std::enable_shared_from_this<session<Stream>> {
     static constexpr bool is_tls = std::is_same_v<Stream, tls_stream>;
 
 public:
@@ -139,12 +143,22 @@ public:
         asio::dispatch(strand_, [self = this->shared_from_this()] { self->begin(); });
     }
 
-    // Stopping: an idle connection is closed now, a busy one after its answer.
+    // Stopping: an idle connection is closed now, a busy one after its answer, a stream of
+    // changes after a last event saying why.
     void stop() override {
         asio::dispatch(strand_, [self = this->shared_from_this()] {
+            if (self->changes_) return self->changes_->end("the server is stopping");
             if (!self->busy_) self->close();
         });
     }
+
+    void write_events(std::string_view bytes, std::function<void(std::error_code)> done) override {
+        asio::async_write(stream_, asio::buffer(bytes.data(), bytes.size()),
+                          [self = this->shared_from_this(), done = std::move(done)](beast::error_code ec, std::size_t) {
+                              done(ec);
+                          });
+    }
+    void close_events() override { close(); }
 
 private:
     using response = bhttp::response<bhttp::string_body>;
@@ -259,7 +273,38 @@ private:
         if (path == "/readyz") return answer(200, "ready\n", true, "text/plain");
         if (path == "/metrics") return answer(200, srv_->metrics(), true, "text/plain; version=0.0.4");
         if (path.starts_with("/rows/")) return read_row(path.substr(6), query);
+        if (path == "/changes") return stream_changes(query);
         answer(404, error_body("no route " + std::string(path)), true);
+    }
+
+    // GET /changes: the connection becomes a stream (change_stream.cpp) until either side ends it.
+    void stream_changes(std::string_view query) {
+        const auto& req = parser_->get();
+        const auto last_id = req["Last-Event-ID"];
+        detail::change_request request;
+        auto error = detail::parse_change_request(query, {last_id.data(), last_id.size()}, srv_->o.projections, request);
+        if (!error.empty()) return answer(400, error_body(error), true);
+        ++srv_->answers[ok_2xx];
+        lowest().expires_never();  // the stall time bounds the writes; the reads below wait for the close
+        // The kernel's buffer is bounded too, or it would absorb megabytes for a client that reads nothing.
+        beast::error_code ignored;
+        const auto sndbuf = std::min<std::size_t>(srv_->o.changes_buffer, 1 << 24);
+        lowest().socket().set_option(asio::socket_base::send_buffer_size(static_cast<int>(sndbuf)), ignored);
+        detail::change_stream_limits limits{srv_->o.changes_buffer, srv_->o.changes_stall, srv_->o.changes_ping};
+        changes_ = std::make_shared<detail::change_stream>(strand_, srv_->eng, std::move(request), srv_->o.projections,
+                                                           limits, this->shared_from_this());
+        changes_->start();
+        watch_peer();
+    }
+
+    // A client closing its end of a stream is seen by a read (what it sends is ignored).
+    void watch_peer() {
+        drain_.resize(4096);
+        stream_.async_read_some(asio::buffer(drain_), [self = this->shared_from_this()](beast::error_code ec,
+                                                                                       std::size_t) {
+            if (ec) return self->changes_->close();
+            self->watch_peer();
+        });
     }
 
     void unavailable(std::string_view why) { refuse(bhttp::status::service_unavailable, why); }
@@ -447,6 +492,7 @@ private:
     response res_;
     bhttp::response<bhttp::empty_body> continue_;
     std::optional<asio::steady_timer> timer_;
+    std::shared_ptr<detail::change_stream> changes_;  // set: the connection streams GET /changes
     std::vector<detail::event_result> results_;
     std::string drain_;
     std::size_t pending_ = 0;

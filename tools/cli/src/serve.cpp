@@ -97,6 +97,9 @@ int serve(const tool_context& t, const arguments& a) {
     so.max_in_flight = static_cast<std::size_t>(a.positive("max-in-flight", 65536));
     so.read_timeout = millis_option(a, "read-timeout", so.read_timeout);
     so.idle_timeout = millis_option(a, "idle-timeout", so.idle_timeout);
+    so.changes_buffer = static_cast<std::size_t>(a.positive("changes-buffer", so.changes_buffer));
+    so.changes_stall = millis_option(a, "changes-stall", so.changes_stall);
+    so.changes_ping = millis_option(a, "changes-ping", so.changes_ping);
     const auto threads = static_cast<std::size_t>(a.positive("threads", 2));
 
     const std::filesystem::path db = a.required("db");
@@ -149,7 +152,9 @@ command serve_command(context_fn t) {
     return command{
         "serve",
         "serve POST /events (CloudEvents, signed webhooks; answered after the durable commit), GET /rows, "
-        "/metrics, /healthz, /readyz",
+        "GET /changes?since=C[.I]|oldest&projection=P (the change feed as Server-Sent Events: id C.I, event change, "
+        "data as `idem changes`; Last-Event-ID resumes and wins over since; without either, from the current "
+        "commit), /metrics, /healthz, /readyz",
         {db_option,
          {"listen", "HOST:PORT", "the address to listen on (port 0: any free port, printed on stdout)", true},
          {"tls-cert", "F", "serve HTTPS with this PEM certificate chain (with --tls-key)"},
@@ -164,6 +169,10 @@ command serve_command(context_fn t) {
          {"max-in-flight", "N", "events submitted and not answered at most (default 65536; 429 past it)"},
          {"read-timeout", "D", "a whole request must arrive within D (default 10s; slow clients are cut off)"},
          {"idle-timeout", "D", "a kept-alive connection waits D for its next request (default 30s)"},
+         {"changes-buffer", "BYTES",
+          "GET /changes: bytes held for a client at most; past it its stream waits for it (default 1048576)"},
+         {"changes-stall", "D", "GET /changes: a client that takes no bytes for D is disconnected (default 10s)"},
+         {"changes-ping", "D", "GET /changes: a ': ping' comment on an idle stream every D (default 15s)"},
          {"threads", "N", "threads serving connections (default 2; the engine's writer has its own)"},
          change_retention_option, change_keep_option, no_change_feed_option},
         [t](const arguments& a) { return serve(t(), a); }};

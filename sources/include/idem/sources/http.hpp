@@ -13,7 +13,8 @@
 //   srv.async_stop(token);  // in-flight requests answered, the rest refused
 //
 // Routes: POST /events (structured, binary and batched CloudEvents, or a signed webhook),
-// GET /rows/{projection}/{key}[?min_commit=C], GET /metrics, GET /healthz, GET /readyz.
+// GET /rows/{projection}/{key}[?min_commit=C], GET /changes[?since=C[.I]|oldest][&projection=P]
+// (Server-Sent Events, docs/HTTP.md), GET /metrics, GET /healthz, GET /readyz.
 // Answers: 200 with the outcomes after the durable commit (a duplicate too), 400 with the
 // dead-letter reason (a retry of a dead-lettered message too: the first delivery's answer), 401 for a missing or wrong signature (nothing applied or stored), 413
 // too large, 415 unknown content type, 429 with Retry-After at the server's in-flight limit,
@@ -93,6 +94,14 @@ struct server_options {
     std::chrono::milliseconds idle_timeout{30000};  ///< a kept-alive connection waits this long for the next request
     std::chrono::milliseconds min_commit_wait{1000};  ///< GET /rows?min_commit waits this long at most
     std::chrono::seconds retry_after{1};     ///< the Retry-After of a 429 or a 503
+    /// GET /changes: bytes a stream holds for its client at most (and its socket's send buffer);
+    /// past it the stream reads the feed no further until the client has taken some (the
+    /// engine's writer never waits for it).
+    std::size_t changes_buffer = 1 << 20;
+    /// GET /changes: a client that takes none of its stream's bytes for this long is disconnected.
+    std::chrono::milliseconds changes_stall{10000};
+    /// GET /changes: an idle stream sends a comment line this often, so that proxies keep it open.
+    std::chrono::milliseconds changes_ping{15000};
     /// Out of descriptors (EMFILE, ENFILE) the accept loop waits this long before it tries again,
     /// rather than spinning on the error; connections wait in the listen queue meanwhile.
     std::chrono::milliseconds accept_backoff{100};
