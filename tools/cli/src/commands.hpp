@@ -15,6 +15,7 @@
 
 namespace idem::jetstream {
 struct source_options;
+struct stream_publishing;
 }
 
 namespace idem::cli::detail {
@@ -41,6 +42,9 @@ struct tool_context {
 
 using context_fn = std::function<tool_context()>;
 
+/// Sets how a command publishes to a stream from --replicas, --duplicates-window,
+/// --broker-outage-limit and --max-pending (publish.cpp; publish and relay).
+void publishing_from(const arguments& a, jetstream::stream_publishing& o);
 /// `consume --nats` (jetstream_consume.cpp, with the jetstream feature only).
 int consume_jetstream(const tool_context& t, const arguments& a);
 /// Sets the stream, consumer and delivery options of `consume --nats` from the command line.

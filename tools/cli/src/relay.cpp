@@ -35,18 +35,7 @@ jetstream::relay_options options_from(const tool_context& t, const arguments& a)
     o.follow = follow;
     o.poll = std::chrono::milliseconds(a.positive("poll-ms", 100));
     o.read_limit = static_cast<std::size_t>(std::min<std::uint64_t>(a.positive("limit", 1000), 1u << 20));
-    auto replicas = a.positive("replicas", 1);
-    if (replicas > 5) throw usage_error("option '--replicas': " + std::to_string(replicas) + " is more than 5");
-    o.replicas = static_cast<int>(replicas);
-    o.duplicates_window = duration_option(a, "duplicates-window");
-    if (o.duplicates_window && o.duplicates_window->count() <= 0) {
-        throw usage_error("option '--duplicates-window': must be longer than 0");
-    }
-    if (auto d = duration_option(a, "broker-outage-limit")) {
-        o.retry_for = std::chrono::duration_cast<std::chrono::milliseconds>(*d);
-    }
-    o.max_pending =
-        static_cast<std::size_t>(std::min<std::uint64_t>(a.positive("max-pending", o.max_pending), 1u << 20));
+    publishing_from(a, o);
     return o;
 }
 

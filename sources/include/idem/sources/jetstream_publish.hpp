@@ -70,8 +70,18 @@ enum class msg_id_policy {
     none,      ///< no header: the stream's window drops nothing
 };
 
+/// How messages are published to a stream (publish and relay alike): the stream made if
+/// missing, and the window of publishes awaiting their acks.
+struct stream_publishing {
+    int replicas = 1;                                             ///< a new stream's replicas
+    std::optional<std::chrono::nanoseconds> duplicates_window{};  ///< a new stream's window; unset: the server's 2 min
+    std::size_t max_pending = 1024;                               ///< publishes awaiting their ack at most
+    std::chrono::milliseconds ack_timeout{5000};  ///< an ack not received within is a failed publish (retried)
+    std::chrono::milliseconds retry_for{60000};   ///< how long a failing message is retried before giving up
+};
+
 /// What to publish, where.
-struct publish_options {
+struct publish_options : stream_publishing {
     /// nats://host:port, one or more of a cluster; an entry may hold several, comma-separated.
     std::vector<std::string> servers;
     std::string stream;                       ///< the stream (created if missing)
@@ -81,11 +91,6 @@ struct publish_options {
     std::optional<log_format> format{};       ///< the logs' format; unset: detected from each file
     bool skip_bad = false;                    ///< binary logs: skip and count corrupt records
     msg_id_policy msg_id = msg_id_policy::envelope;
-    int replicas = 1;                                             ///< a new stream's replicas
-    std::optional<std::chrono::nanoseconds> duplicates_window{};  ///< a new stream's window; unset: the server's 2 min
-    std::size_t max_pending = 1024;                               ///< publishes awaiting their ack at most
-    std::chrono::milliseconds ack_timeout{5000};  ///< an ack not received within is a failed publish (retried)
-    std::chrono::milliseconds retry_for{60000};   ///< how long a failing message is retried before giving up
 };
 
 /// What a publish did.

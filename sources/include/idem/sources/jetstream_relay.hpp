@@ -52,6 +52,7 @@
 // Needs the meson feature `jetstream` (cnats).
 
 #include <idem/projections/snapshot.hpp>
+#include <idem/sources/jetstream_publish.hpp>
 
 #include <atomic>
 #include <chrono>
@@ -65,7 +66,7 @@
 namespace idem::jetstream {
 
 /// What to relay, where.
-struct relay_options {
+struct relay_options : stream_publishing {
     /// nats://host:port, one or more of a cluster; an entry may hold several, comma-separated.
     std::vector<std::string> servers;
     std::filesystem::path db;                ///< the store whose change feed is published
@@ -79,11 +80,6 @@ struct relay_options {
     const std::atomic<bool>* stop = nullptr; ///< set to stop after the acks in flight (may be null)
     std::chrono::milliseconds poll{100};     ///< following, how often an idle feed is read again
     std::size_t read_limit = 1000;           ///< entries read per step, whole commits
-    int replicas = 1;                                             ///< a new stream's replicas
-    std::optional<std::chrono::nanoseconds> duplicates_window{};  ///< a new stream's window; unset: the server's 2 min
-    std::size_t max_pending = 1024;                               ///< publishes awaiting their ack at most
-    std::chrono::milliseconds ack_timeout{5000};  ///< an ack not received within is a failed publish (retried)
-    std::chrono::milliseconds retry_for{60000};   ///< how long a failing message is retried before giving up
 };
 
 /// What a relay did.
