@@ -71,7 +71,9 @@ class changes_test(unittest.TestCase):
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with open(out) as f:
-                lines = [line for line in f.read().splitlines() if line.strip()]
+                text = f.read()
+            # Only whole lines: the follower may be in the middle of writing one.
+            lines = [line for line in text[:text.rfind("\n") + 1].splitlines() if line.strip()]
             if lines and position(json.loads(lines[-1]))[0] >= last:
                 return
             time.sleep(0.05)
