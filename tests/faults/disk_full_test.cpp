@@ -480,7 +480,7 @@ TEST_CASE("idem consume on a full disk exits 2 naming the environment and the ca
     REQUIRE(!reference_dump.empty());
 
     std::size_t partial = 0;  // runs that committed some batches before the disk filled
-    for (long skip : {0L, 5L, 25L, 60L, 120L}) {
+    for (long skip : {0L, 5L, 25L, 60L, 120L, 300L}) {
         for (const std::string error : {"ENOSPC", "EIO"}) {
             CAPTURE(skip);
             CAPTURE(error);
