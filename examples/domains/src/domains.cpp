@@ -33,6 +33,7 @@ void add_all(idem::store& s, bool changes) {
     s.add(positions().changes(changes));
     s.add(leaderboard().changes(changes));
     s.add(inventory().changes(changes));
+    s.add(order_totals_copy().changes(changes));
 }
 
 namespace {

@@ -4,7 +4,7 @@
 // the totals a user can check a database against.
 //
 //   idem::store store{{.path = "data"}};
-//   idem::examples::add_all(store);                        // all four projections
+//   idem::examples::add_all(store);                        // every example projection
 //   store.add(idem::examples::positions());                // or only the ones you need
 
 #include <idem/examples/game.hpp>
@@ -21,8 +21,9 @@ namespace idem::examples {
 /// The example domains' names, as `idem gen --domain` takes them.
 inline constexpr std::array<std::string_view, 3> domain_names{"trading", "game", "orders"};
 
-/// Adds all four example projections to a store (order-totals, positions, leaderboard, inventory),
-/// recording their changes in the change feed if changes (as the `idem` tool's do).
+/// Adds the example projections to a store as the `idem` tool has them (order-totals, positions,
+/// leaderboard, inventory, and order-totals-copy fed by relayed changes), recording their
+/// changes in the change feed if changes (as the tool's do).
 void add_all(idem::store& s, bool changes = false);
 
 /// Returns a domain's totals over a snapshot's rows as compact JSON, the same text
