@@ -15,7 +15,6 @@
 #include <new>
 #include <optional>
 #include <span>
-#include <sstream>
 #include <thread>
 #include <variant>
 #include <vector>
@@ -107,6 +106,8 @@ struct engine::impl {
     // Writer-thread state.
     clock::time_point last_commit_at{};  // when the last batch was committed (periodic pacing)
     bool done = false;
+
+    std::unique_ptr<health_monitor> health;  // the writer reports each batch to it
 
     // Statistics, under m.
     engine_stats counters;
@@ -202,6 +203,9 @@ engine::engine(executor_type ex, engine_options options) : executor_(std::move(e
     }
     impl_->options = std::move(options);
     impl_->st = std::make_unique<store>(impl_->options.store);
+    impl_->health = std::make_unique<health_monitor>(impl_->options.stall_after);
+    impl_->counters.commit_histogram = latency_histogram();
+    impl_->counters.ack_histogram = latency_histogram();
     // What an earlier run committed is on disk: a subscription may read it at once.
     impl_->watch = std::make_shared<detail::commit_watch>(*impl_->st, impl_->st->read().commit());
     impl_->writer = std::thread([this] { impl_->run(); });
@@ -392,6 +396,7 @@ bool engine::impl::prune() {
 
 void engine::impl::commit(std::vector<pending_apply>& batch) {
     auto started_at = clock::now();
+    health->batch_began(batch.size());
     bodies.clear();
     bodies.reserve(batch.size());
     std::vector<checkpoint> positions;  // one per source
@@ -465,7 +470,9 @@ void engine::impl::commit(std::vector<pending_apply>& batch) {
         counters.durable_commit = counters.last_commit;
         batch_sizes.add(static_cast<double>(ready.size()));
         commit_times.add(seconds_since(started_at));
+        counters.commit_histogram.add(seconds_since(started_at));
     }
+    health->batch_ended(!ec, ec ? 0 : ready.front().second.commit);
     // Subscribers and commit waits learn of it now; they read the feed on their own executors.
     if (!ec) watch->advance(ready.front().second.commit);
     // On failure none of the batch was applied: every delivery gets the error.
@@ -481,7 +488,9 @@ void engine::impl::release(std::vector<std::pair<pending_apply, outcome>>& ready
             } else {
                 ++counters.outcomes[static_cast<std::size_t>(o.kind)];
             }
-            ack_times.add(seconds_since(p.submitted));
+            const double waited = seconds_since(p.submitted);
+            ack_times.add(waited);
+            counters.ack_histogram.add(waited);
         }
         in_flight -= ready.size();
         admit();
@@ -570,49 +579,28 @@ engine_stats engine::stats() const {
     return s;
 }
 
-std::string engine::prometheus() const {
-    auto s = stats();
-    const auto& consumer = impl_->options.store.consumer;
-    std::ostringstream out;
-    auto label = [&](std::string extra = {}) {
-        std::string l = "{consumer=\"" + consumer + "\"";
-        if (!extra.empty()) l += "," + extra;
-        return l + "}";
-    };
-    out << "# HELP idem_deliveries_total Deliveries completed, by outcome.\n"
-        << "# TYPE idem_deliveries_total counter\n";
-    for (std::size_t k = 0; k < outcome_kinds; ++k) {
-        out << "idem_deliveries_total"
-            << label("outcome=\"" + std::string(to_string(static_cast<outcome_kind>(k))) + "\"") << ' '
-            << s.outcomes[k] << '\n';
+health_report engine::health() const {
+    std::size_t queued = 0;
+    std::optional<clock::time_point> oldest;
+    {
+        std::scoped_lock lock{impl_->m};
+        for (const auto& i : impl_->queue) {
+            if (const auto* p = std::get_if<pending_apply>(&i)) {
+                if (!oldest) oldest = p->submitted;
+                ++queued;
+            }
+        }
+        for (const auto& i : impl_->waiting) {
+            if (const auto* p = std::get_if<pending_apply>(&i)) {
+                if (!oldest) oldest = p->submitted;
+                ++queued;
+            }
+        }
     }
-    out << "idem_deliveries_total" << label("outcome=\"error\"") << ' ' << s.failed << '\n';
-    out << "# HELP idem_batches_total Batches committed.\n# TYPE idem_batches_total counter\n"
-        << "idem_batches_total" << label() << ' ' << s.batches << '\n';
-    out << "# HELP idem_syncs_total Commits synced to disk.\n# TYPE idem_syncs_total counter\n"
-        << "idem_syncs_total" << label() << ' ' << s.syncs << '\n';
-    out << "# HELP idem_last_commit Commit number of the last committed batch.\n# TYPE idem_last_commit gauge\n"
-        << "idem_last_commit" << label() << ' ' << s.last_commit << '\n';
-    out << "# HELP idem_queue_depth Deliveries accepted and waiting for the writer.\n# TYPE idem_queue_depth gauge\n"
-        << "idem_queue_depth" << label() << ' ' << s.queue_depth << '\n';
-    out << "# HELP idem_in_flight Deliveries accepted and not yet completed.\n# TYPE idem_in_flight gauge\n"
-        << "idem_in_flight" << label() << ' ' << s.in_flight << '\n';
-    out << "# HELP idem_waiting Deliveries held back by the in-flight limit.\n# TYPE idem_waiting gauge\n"
-        << "idem_waiting" << label() << ' ' << s.waiting << '\n';
-    auto summary = [&](const char* name, const char* help, const distribution& d) {
-        out << "# HELP " << name << ' ' << help << "\n# TYPE " << name << " summary\n";
-        out << name << label("quantile=\"0.5\"") << ' ' << d.p50 << '\n';
-        out << name << label("quantile=\"0.99\"") << ' ' << d.p99 << '\n';
-        out << name << "_count" << label() << ' ' << d.count << '\n';
-    };
-    summary("idem_batch_size", "Deliveries per committed batch (recent).", s.batch_size);
-    summary("idem_commit_seconds", "Apply and commit time per batch (recent).", s.commit_seconds);
-    summary("idem_ack_seconds", "Submission to completion per delivery (recent).", s.ack_seconds);
-    out << "# HELP idem_pruned_total Retention: entries pruned, by table.\n# TYPE idem_pruned_total counter\n"
-        << "idem_pruned_total" << label("table=\"inbox\"") << ' ' << s.pruned_ids << '\n'
-        << "idem_pruned_total" << label("table=\"contributors\"") << ' ' << s.pruned_contributors << '\n';
-    summary("idem_prune_seconds", "Time per prune step (recent).", s.prune_seconds);
-    return out.str();
+    impl_->health->queued(queued, oldest);
+    return impl_->health->report(read(), impl_->options.store.consumer);
 }
+
+health_monitor& engine::monitor() noexcept { return *impl_->health; }
 
 }  // namespace idem

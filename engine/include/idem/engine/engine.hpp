@@ -4,6 +4,7 @@
 // thread owns every LMDB write transaction and batches concurrent submissions (group
 // commit); a submission completes only after the commit that recorded it is durable.
 
+#include <idem/engine/health.hpp>
 #include <idem/engine/subscription.hpp>
 #include <idem/projections/store.hpp>
 
@@ -22,6 +23,7 @@
 #include <optional>
 #include <string>
 #include <system_error>
+#include <vector>
 
 namespace idem {
 
@@ -42,6 +44,9 @@ struct engine_options {
     /// its own commit) every prune_interval until nothing has expired.
     std::chrono::milliseconds prune_interval{1000};
     prune_limits prune_step{};
+    /// The watchdog's threshold (health()): work waiting with no commit, a source failing, or a
+    /// gap parked for longer than this makes the consumer stalled.
+    std::chrono::milliseconds stall_after{std::chrono::seconds(60)};
 };
 
 /// A distribution summary over the most recent samples.
@@ -51,6 +56,17 @@ struct distribution {
     double max = 0;
     std::uint64_t count = 0;  ///< samples ever recorded
 };
+
+/// A Prometheus histogram: counts of observations at most each bound (cumulative when rendered).
+struct histogram {
+    std::vector<double> bounds{};         ///< upper bounds, ascending (+Inf is implied)
+    std::vector<std::uint64_t> counts{};  ///< observations per bucket (bounds.size() + 1, the last: past every bound)
+    double sum = 0;
+    std::uint64_t count = 0;
+    void add(double v);
+};
+/// Buckets for latencies in seconds, 100 us to 10 s.
+histogram latency_histogram();
 
 /// Counters and distributions of a running engine (since it was constructed).
 struct engine_stats {
@@ -70,6 +86,8 @@ struct engine_stats {
     std::uint64_t pruned_contributors = 0;  ///< contributing-set entries pruned by separate steps
     std::uint64_t prune_failures = 0;       ///< prune steps that failed (retried at the next interval)
     distribution prune_seconds;             ///< time per prune step (the writer is busy meanwhile)
+    histogram commit_histogram;             ///< apply + commit (+ sync) time per batch, since the start
+    histogram ack_histogram;                ///< submission to completion per delivery, since the start
 };
 
 /// Applies deliveries asynchronously with group commit over a store.
@@ -193,8 +211,13 @@ public:
     snapshot read(std::uint64_t at_least) const;
     /// Returns the counters and distributions.
     engine_stats stats() const;
-    /// Renders stats() in the Prometheus text exposition format.
+    /// Renders stats() and health() in the Prometheus text exposition format.
     std::string prometheus() const;
+    /// Judges whether the consumer does its work (idle, running, stalled, paused; docs/OPERATIONS.md).
+    health_report health() const;
+    /// The watchdog the engine's writer reports to; sources report their input and errors to
+    /// it, and a pause is set on it.
+    health_monitor& monitor() noexcept;
     /// Returns the last commit known durable (cheap, unlike stats(): for a check per completion).
     std::uint64_t durable_commit() const;
     /// Returns the options the engine was opened with.
