@@ -101,4 +101,11 @@ std::string row_json(const projection_base& p, const snapshot::raw_row_view& r) 
     return std::string(buf.GetString(), buf.GetSize()) + "\n";
 }
 
+std::pair<unsigned, std::string> readiness(const health_report& h) {
+    if (h.state == health_state::stalled || h.state == health_state::paused) {
+        return {503, std::string(to_string(h.state)) + ": " + h.reason + "\n"};
+    }
+    return {200, "ready\n"};
+}
+
 }  // namespace idem::http::detail

@@ -2,12 +2,14 @@
 
 // The JSON bodies the HTTP source answers with. No Beast here.
 
+#include <idem/engine/health.hpp>
 #include <idem/projections/store.hpp>
 
 #include <cstdint>
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <utility>
 #include <vector>
 
 namespace idem::http::detail {
@@ -29,5 +31,7 @@ std::string outcomes_json(const std::vector<event_result>& results, std::uint64_
 std::string error_json(std::string_view text);
 /// Returns {"key","version","state"} of a row, as `idem get` prints it.
 std::string row_json(const projection_base& p, const snapshot::raw_row_view& r);
+/// GET /readyz: 200 "ready" while idle or running; 503 "stalled: <reason>" or "paused: <reason>".
+std::pair<unsigned, std::string> readiness(const health_report& h);
 
 }  // namespace idem::http::detail

@@ -255,6 +255,7 @@ private:
     }
 
     static std::string error_body(std::string_view text) { return detail::error_json(text); }
+    void answer_text(std::pair<unsigned, std::string> a) { answer(a.first, std::move(a.second), true, "text/plain"); }
 
     void route() {
         const auto& req = parser_->get();
@@ -270,7 +271,7 @@ private:
         }
         if (!get) return answer(405, error_body("only GET here"), true);
         if (path == "/healthz") return answer(200, "ok\n", true, "text/plain");
-        if (path == "/readyz") return answer(200, "ready\n", true, "text/plain");
+        if (path == "/readyz") return answer_text(detail::readiness(srv_->eng.health()));
         if (path == "/metrics") return answer(200, srv_->metrics(), true, "text/plain; version=0.0.4");
         if (path.starts_with("/rows/")) return read_row(path.substr(6), query);
         if (path == "/changes") return stream_changes(query);

@@ -240,6 +240,8 @@ void source::impl::fetch_until_done(engine& e, detail::pull_fetcher& fetcher, st
         auto status = fetcher.fetch(list, want, o.fetch_wait);
         const bool connected = natsConnection_Status(conn->nc()) == NATS_CONN_STATUS_CONNECTED;
         note_reachability(status, connected);
+        if (list.msgs.empty() && status == NATS_TIMEOUT && connected) loop.pending = 0;  // nothing to fetch
+        report_health(e, status, connected, loop);
         if (list.msgs.empty()) {
             if (idle(e, status, connected, fetcher, loop)) break;
             continue;
@@ -292,6 +294,16 @@ void source::impl::note_reachability(natsStatus status, bool connected) {
     } else if (detail::transient(status)) {
         watch->unreachable(std::string("fetching from consumer '") + o.consumer + "': " + natsStatus_GetText(status));
     }
+}
+
+void source::impl::report_health(engine& e, natsStatus status, bool connected, const fetch_loop& loop) const {
+    std::string error;
+    if (!connected) {
+        error = "disconnected from '" + conn->servers() + "'";
+    } else if (status != NATS_OK && status != NATS_TIMEOUT && status != NATS_NOT_FOUND) {
+        error = std::string("fetching from consumer '") + o.consumer + "': " + natsStatus_GetText(status);
+    }
+    e.monitor().source("jetstream " + o.stream + "/" + o.consumer, loop.pending, "events", error);
 }
 
 bool source::impl::idle(engine& e, natsStatus status, bool connected, const detail::pull_fetcher& fetcher,
@@ -352,6 +364,7 @@ void source::impl::submit(engine& e, detail::fetched_messages& list, fetch_loop&
         if (natsMsg_GetMetaData(&meta.p, msg) == NATS_OK) {
             h.sequence = meta.p->Sequence.Stream;
             h.delivered = meta.p->NumDelivered;
+            loop.pending = meta.p->NumPending;
         }
         const char* id = nullptr;
         if (natsMsgHeader_Get(msg, "Nats-Msg-Id", &id) == NATS_OK && id != nullptr) h.message_id = id;

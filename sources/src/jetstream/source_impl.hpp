@@ -108,6 +108,7 @@ struct source::impl {
         clock::time_point next_claim;
         clock::time_point last_delivery;  // or the last time the connection was down
         clock::time_point next_waiting_note;
+        std::uint64_t pending = 0;  // messages the consumer still holds past the last one fetched
     };
 
     // run()'s steps, in order (source.cpp; the exhausted record's in exhausted_record.cpp).
@@ -138,6 +139,8 @@ struct source::impl {
     std::optional<std::size_t> room_to_fetch();
     /// Tells the broker watch whether a fetch reached the broker.
     void note_reachability(natsStatus status, bool connected);
+    /// Tells the engine's watchdog what waits on the broker and whether fetching fails.
+    void report_health(engine& e, natsStatus status, bool connected, const fetch_loop& loop) const;
     /// What an empty fetch leads to: a stop when caught up or failing (true), or the idle checks.
     bool idle(engine& e, natsStatus status, bool connected, const detail::pull_fetcher& fetcher, fetch_loop& loop);
     /// Hands the fetched messages up to a hole to the engine, each held until its completion.

@@ -24,6 +24,14 @@ log_run::log_run(store& s, const log_run_options& o) : store_(s), options_(o) {
 log_run_result log_run::run(bool resume, bool follow, std::chrono::milliseconds poll, const std::atomic<bool>* stop) {
     poll_ = poll;
     stop_ = stop;
+    // The watchdog reads this store while the run lasts (and not after: the store may close).
+    struct reading {
+        health_monitor* h;
+        ~reading() {
+            if (h) h->reader({});
+        }
+    } reading_while_running{options_.health};
+    if (options_.health) options_.health->reader([this] { return store_.read(); }, options_.store.consumer);
     auto started = clock::now();
     std::thread reader([&] {
         ::pthread_setname_np(::pthread_self(), "idem-log-reader");
@@ -92,7 +100,14 @@ void log_run::apply_loop() {
             queue_.pop_front();
             changed_.notify_all();
         }
-        store_.apply(p.batch, p.at);  // expired entries leave inside each batch's transaction
+        if (options_.health) options_.health->batch_began(p.batch.size());
+        try {
+            store_.apply(p.batch, p.at);  // expired entries leave inside each batch's transaction
+        } catch (...) {
+            if (options_.health) options_.health->batch_ended(false);
+            throw;
+        }
+        if (options_.health) options_.health->batch_ended(true, store_.read().commit());
         if (p.finishes_file) crash_point("after_rotated_log");
         {
             std::lock_guard lock{mutex_};

@@ -116,6 +116,10 @@ bool log_run::read_file(const std::string& source, const std::filesystem::path& 
     auto hand_over_read = [&](bool finished) {
         bytes_read_ += reader.position() - counted;
         counted = reader.position();
+        if (options_.health) {
+            const auto size = reader.size();
+            options_.health->source(source, size > reader.position() ? size - reader.position() : 0, "bytes");
+        }
         if (used_ == 0 && !finished) return true;
         // The new position is taken first, then the file is checked against the previous
         // one: a rewrite before the check is seen now (the records may be of the new bytes,

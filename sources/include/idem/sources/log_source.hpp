@@ -7,6 +7,7 @@
 // A run reads the logs in order and applies them in batches with the live path's rules
 // (inbox, sequences, contributing sets, dead letters): a log holds redeliveries too.
 
+#include <idem/engine/health.hpp>
 #include <idem/projections/store.hpp>
 #include <idem/storage/event_log.hpp>
 #include <idem/storage/log_position.hpp>
@@ -53,6 +54,9 @@ struct log_run_options {
     /// Per log, in the order of logs: read only the records that end at or before this byte
     /// offset (a build of the prefix a store has consumed, for verify). Empty: read every log whole.
     std::vector<std::uint64_t> until{};
+    /// Set: each batch and the unread bytes of each log are reported to it (the watchdog of a
+    /// followed log; docs/OPERATIONS.md "Stalls and lag"). It must outlive the run.
+    health_monitor* health = nullptr;
 };
 
 /// What a run did.
