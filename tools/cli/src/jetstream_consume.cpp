@@ -8,6 +8,7 @@
 #include "json_writer.hpp"
 #include "log_run.hpp"
 #include "nats_library.hpp"
+#include "health_file.hpp"
 #include "options.hpp"
 #include "text.hpp"
 
@@ -222,6 +223,7 @@ int consume_one(const tool_context& t, const arguments& a) {
     eo.store.retention.clock = retention_clock::wall;  // a broker redelivers in wall time
     eo.store.retention.source = src.bound();            // a shorter inbox retention is refused
     eo.max_in_flight = std::max<std::size_t>(eo.max_in_flight, 2 * so.fetch_batch);
+    eo.stall_after = stall_after_from(a);
     // A commit holds --max-batch deliveries at most, or what gathered within --max-delay.
     if (a.get("max-batch")) eo.max_batch = static_cast<std::size_t>(a.positive("max-batch", 1));
     if (auto d = duration_option(a, "max-delay")) {
@@ -243,6 +245,7 @@ int consume_one(const tool_context& t, const arguments& a) {
     engine e{io.get_executor(), eo};
     e.add_projections(t.setup);
     applying = &e;
+    health_file health{db, [&e] { return e.health(); }};
     // A run that stops on an error prints its summary too, then the error (exit 2).
     jetstream::source_result r;
     std::exception_ptr failed;

@@ -39,6 +39,9 @@ const option change_keep_option{"change-keep-commits", "N",
                                 "keep only the change feed's entries of the last N commits (default: no count limit)"};
 const option no_change_feed_option{"no-change-feed", "",
                                    "record no change feed entries (a store nobody follows: one write less per changed row)"};
+const option stall_after_option{"stall-after", "D",
+                                "declare the consumer stalled when work waits and nothing is committed, a source fails, "
+                                "or a gap stays parked for longer than D (default 60s): idem stats and /readyz say why"};
 const option gaps_option{"gaps", "park|apply|reject",
                          "an event whose sequence skips ahead of its subject's: park (default) holds it until the gap "
                          "fills; apply applies it now (earlier ones coming later are duplicates: what a stream of "
@@ -133,6 +136,13 @@ void require_store(const std::filesystem::path& db) {
     if (!std::filesystem::exists(db / "data.mdb")) {
         throw std::system_error(ENOENT, std::system_category(), db.string() + ": no idem environment here");
     }
+}
+
+std::chrono::milliseconds stall_after_from(const arguments& a) {
+    const auto d = duration_option(a, "stall-after");
+    if (!d) return std::chrono::seconds(60);
+    if (*d < std::chrono::milliseconds(1)) throw usage_error("option '--stall-after' must be at least 1ms");
+    return std::chrono::duration_cast<std::chrono::milliseconds>(*d);
 }
 
 }  // namespace idem::cli::detail

@@ -30,6 +30,7 @@ extern const option change_retention_option;
 extern const option change_keep_option;
 extern const option no_change_feed_option;
 extern const option gaps_option;
+extern const option stall_after_option;
 
 /// Returns --format as a log format, or nullopt (detected from each file) if not given.
 std::optional<log_format> format_from(const arguments& a);
@@ -52,6 +53,9 @@ void retention_from(const arguments& a, store_options& o);
 
 /// Sets the sequence gap policy from --gaps (park, apply or reject; default park).
 void gaps_from(const arguments& a, store_options& o);
+
+/// Returns --stall-after (default 60s): the watchdog's threshold (docs/OPERATIONS.md "Stalls and lag").
+std::chrono::milliseconds stall_after_from(const arguments& a);
 
 /// Returns a dead-letter reason option; throws usage_error listing the reasons.
 reason reason_option(const arguments& a, std::string_view name);

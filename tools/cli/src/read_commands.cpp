@@ -2,12 +2,14 @@
 // checkpoints and their lag. They read one snapshot and never take the writer lock.
 
 #include "commands.hpp"
+#include "health_file.hpp"
 #include "json_writer.hpp"
 #include "log_run.hpp"
 #include "options.hpp"
 #include "text.hpp"
 
 #include <idem/sources/partition_layout.hpp>
+#include <idem/storage/writer_lock.hpp>
 #include <idem/storage/duration.hpp>
 #include <idem/storage/event_log.hpp>
 #include <idem/storage/log_position.hpp>
@@ -107,13 +109,43 @@ void write_log_lag(json_writer& w, const std::filesystem::path& log, const std::
     }
 }
 
+// What the process writing the store says of its health (health_file.hpp), first: state (idle,
+// running, stalled, paused; stopped: no process writes it; writing: a writer that keeps no health
+// file, a rebuild or a prune) and reason, then its whole report as "health".
+void write_state(json_writer& w, const std::filesystem::path& db) {
+    if (!writer_lock::held(db)) {
+        w.field("state", "stopped").field("reason", "");
+        return;
+    }
+    const auto holder = writer_lock::holder(db);
+    const auto file = read_health_file(db);
+    if (!file || file->pid != holder.pid) {
+        w.field("state", "writing").field("reason", "written by " + describe(holder) + ", which reports no health");
+        return;
+    }
+    const auto now_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                            std::chrono::system_clock::now().time_since_epoch()).count();
+    const double age = static_cast<double>(now_ns - file->written_unix_ns) / 1e9;
+    // Written every second: a file much older means the process no longer gets to write it.
+    if (age > std::max(10.0, 5.0 * static_cast<double>(file->every_ms) / 1000.0)) {
+        w.field("state", "stalled")
+            .field("reason", "the consumer (" + describe(holder) + ") has not reported its health for " +
+                                 fixed(age, 0) + " s (it may hang: a stack trace with gdb -p shows where)");
+    } else {
+        w.field("state", file->state).field("reason", file->reason);
+    }
+    w.key("health").raw(file->report);
+}
+
 int stats(const tool_context& t, const arguments& a) {
     std::filesystem::path db = a.required("db");
     require_store(db);
     auto snap = snapshot::open(db);
     std::string out;
     json_writer w{out};
-    w.begin_object().field("consumer", t.consumer).field("commit", snap.commit());
+    w.begin_object();
+    write_state(w, db);
+    w.field("consumer", t.consumer).field("commit", snap.commit());
     const auto tables = snap.consumer(t.consumer);
     auto s = tables.stats();
     write_outcomes(w.key("outcomes"), s);
@@ -180,7 +212,8 @@ std::vector<command> read_commands(context_fn t) {
         [t](const arguments& a) { return dump(t(), a); }});
     out.push_back(command{
         "stats",
-        "print the consumer's counters as JSON: outcomes, inbox size, dead letters, checkpoints and lag, rows",
+        "print the consumer's state (idle, running, stalled, paused, stopped) and reason, then its counters as JSON: "
+        "health and lag, outcomes, inbox size, dead letters, checkpoints, rows",
         {db_option},
         [t](const arguments& a) { return stats(t(), a); }});
     return out;

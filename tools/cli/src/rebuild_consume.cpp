@@ -3,9 +3,11 @@
 
 #include "commands.hpp"
 #include "interrupt.hpp"
+#include "health_file.hpp"
 #include "log_run.hpp"
 #include "options.hpp"
 
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -75,6 +77,14 @@ int consume_logs(const tool_context& t, const arguments& a) {
         o.rotation_grace = std::chrono::duration_cast<std::chrono::milliseconds>(*grace);
     }
     stop_signals signals;
+    // A followed log's watchdog: idem stats reads its verdict from DIR/idem.health.
+    std::optional<health_monitor> monitor;
+    std::optional<health_file> health;
+    if (o.follow) {
+        monitor.emplace(stall_after_from(a));
+        o.health = &*monitor;
+        health.emplace(o.store.path, [&] { return monitor->report(); });
+    }
     auto r = consume(o);
     bar.finish();
     return report_run("consumed into " + o.store.path.string(), r);
@@ -109,7 +119,7 @@ std::vector<command> log_run_commands(context_fn t) {
          {"journal-rows", "N",
           "changed rows are journaled and folded into the row table once N are journaled (default: automatic)"},
          wait_option, inbox_retention_option, lateness_option, transport_option, future_skew_option, resend_option,
-         change_retention_option, change_keep_option, no_change_feed_option, gaps_option};
+         change_retention_option, change_keep_option, no_change_feed_option, gaps_option, stall_after_option};
 #ifdef IDEM_JETSTREAM
     // A broker redelivers in wall time: with --nats the inbox retention is measured on the wall clock.
     for (auto& o : consume_flags) {

@@ -5,6 +5,7 @@
 // flight are answered after their commit, the rest refused), then the engine stops.
 
 #include "commands.hpp"
+#include "health_file.hpp"
 #include "options.hpp"
 
 #include <idem/engine/engine.hpp>
@@ -111,6 +112,7 @@ int serve(const tool_context& t, const arguments& a) {
     if (!eo.store.retention.inbox_retention) eo.store.retention.inbox_retention = std::chrono::hours(24 * 4);
     eo.store.retention.source = http::webhook_redelivery_bound();  // a shorter inbox retention is refused
     eo.max_in_flight = std::max(eo.max_in_flight, so.max_in_flight);
+    eo.stall_after = stall_after_from(a);
     for (const auto& w : so.webhooks) {
         // A signed request replayed within its tolerance must still find its message id in the inbox.
         if (w.scheme != http::signature_scheme::github && *eo.store.retention.inbox_retention <= w.tolerance) {
@@ -124,6 +126,7 @@ int serve(const tool_context& t, const arguments& a) {
     engine e{io.get_executor(), eo};
     e.add_projections(t.setup);
     http::server srv{io.get_executor(), e, so};
+    health_file health{db, [&e] { return e.health(); }};
     const auto at = srv.local_endpoint();
     std::printf("{\"listening\":\"%s:%u\"}\n", at.address().to_string().c_str(), unsigned(at.port()));
     std::fflush(stdout);
@@ -174,7 +177,7 @@ command serve_command(context_fn t) {
          {"changes-stall", "D", "GET /changes: a client that takes no bytes for D is disconnected (default 10s)"},
          {"changes-ping", "D", "GET /changes: a ': ping' comment on an idle stream every D (default 15s)"},
          {"threads", "N", "threads serving connections (default 2; the engine's writer has its own)"},
-         change_retention_option, change_keep_option, no_change_feed_option},
+         change_retention_option, change_keep_option, no_change_feed_option, stall_after_option},
         [t](const arguments& a) { return serve(t(), a); }};
 }
 

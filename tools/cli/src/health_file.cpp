@@ -1,0 +1,90 @@
+#include "health_file.hpp"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include <simdjson.h>
+
+namespace idem::cli::detail {
+
+namespace {
+
+std::int64_t unix_now_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+        .count();
+}
+
+}  // namespace
+
+health_file::health_file(std::filesystem::path dir, std::function<health_report()> judge,
+                         std::chrono::milliseconds every)
+    : dir_(std::move(dir)), judge_(std::move(judge)), every_(every) {
+    write();  // there from the start: a reader never finds a running consumer without one
+    thread_ = std::thread([this] {
+        std::unique_lock lock{m_};
+        while (!cv_.wait_for(lock, every_, [this] { return stop_; })) {
+            lock.unlock();
+            write();
+            lock.lock();
+        }
+    });
+}
+
+health_file::~health_file() {
+    {
+        std::scoped_lock lock{m_};
+        stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+    std::error_code ignored;
+    std::filesystem::remove(dir_ / health_file_name, ignored);
+}
+
+void health_file::write() {
+    std::string text;
+    try {
+        text = "{\"pid\":" + std::to_string(::getpid()) + ",\"written_unix_ns\":" + std::to_string(unix_now_ns()) +
+               ",\"every_ms\":" + std::to_string(every_.count()) + ",\"health\":" + to_json(judge_()) + "}\n";
+    } catch (const std::exception&) {
+        // A report that cannot be read (the store is being reopened): the file keeps its last
+        // content, and a reader sees its age grow.
+        return;
+    }
+    // Best effort: a full disk must not stop the consumer; the reader then sees an old file.
+    const auto tmp = dir_ / (std::string(health_file_name) + ".tmp");
+    {
+        std::ofstream out{tmp, std::ios::trunc};
+        out << text;
+        if (!out.flush()) return;
+    }
+    std::error_code ec;
+    std::filesystem::rename(tmp, dir_ / health_file_name, ec);
+}
+
+std::optional<health_record> read_health_file(const std::filesystem::path& dir) {
+    std::ifstream in{dir / health_file_name};
+    if (!in) return std::nullopt;
+    std::stringstream buf;
+    buf << in.rdbuf();
+    simdjson::dom::parser parser;
+    simdjson::dom::element doc;
+    if (parser.parse(buf.str()).get(doc)) return std::nullopt;
+    health_record r;
+    simdjson::dom::element health;
+    if (doc["pid"].get(r.pid) || doc["written_unix_ns"].get(r.written_unix_ns) || doc["health"].get(health)) {
+        return std::nullopt;
+    }
+    if (doc["every_ms"].get(r.every_ms)) r.every_ms = 1000;
+    std::string_view state, reason;
+    if (health["state"].get(state) || health["reason"].get(reason)) return std::nullopt;
+    r.state = state;
+    r.reason = reason;
+    r.report = simdjson::minify(health);
+    return r;
+}
+
+}  // namespace idem::cli::detail
