@@ -2,6 +2,8 @@
 
 #include <idem/projections/backup.hpp>
 
+#include "store_internal.hpp"
+
 #include <idem/projections/store.hpp>
 #include <idem/storage/error.hpp>
 #include <idem/storage/lmdb.hpp>
@@ -88,6 +90,15 @@ backup_result backup(const std::filesystem::path& db, const std::filesystem::pat
             auto env = environment::open(db, eo);
             copy_into(*env, db, copy);
         }
+        {
+            // The copy goes on as a store of its own: a new identity, and what it copies. Its next
+            // commits are numbered after the copied commit, like commits the original may have
+            // made since: a change feed reader (the relay) tells the two apart by the identity.
+            const auto copied = snapshot::open(partial).commit();
+            auto env = environment::open(partial, environment_options{});
+            detail::mark_as_copy(*env, copied);
+        }
+        std::filesystem::remove(partial / writer_lock_file, ec);  // taken by that write
         // The check verify --store runs. The copy is rewritten page by page (compacted), so
         // damage the copy carries over from db shows here; no writer changes the copy.
         const auto report = check_environment(copy);

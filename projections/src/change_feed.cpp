@@ -33,7 +33,7 @@ std::optional<change_position> change_position::parse(std::string_view text) {
     return at;
 }
 
-namespace {
+namespace detail {
 
 std::string new_store_id() {
     std::random_device random;
@@ -46,6 +46,20 @@ std::string new_store_id() {
     return out;
 }
 
+void mark_as_copy(environment& env, std::uint64_t commit) {
+    auto meta = env.table(std::string(layout::meta_table));
+    env.write([&](write_txn& txn) {
+        const auto id = txn.get(meta, layout::store_id_key);
+        const std::string from = id ? std::string(*id) : std::string();
+        txn.put(meta, layout::store_id_key, new_store_id());
+        txn.put(meta, layout::copied_from_key, from + " " + std::to_string(commit));
+    });
+}
+
+}  // namespace detail
+
+namespace {
+
 std::uint64_t u64_le_or_zero(std::optional<std::string_view> v) { return v && v->size() >= 8 ? codec::get_u64_le(*v) : 0; }
 
 }  // namespace
@@ -56,7 +70,7 @@ void store::impl::open_feed() {
     changes = env->table(std::string(layout::changes_table));
     change_times = env->table(std::string(layout::change_times_table));
     env->write([&](write_txn& txn) {
-        if (!txn.get(meta, layout::store_id_key)) txn.put(meta, layout::store_id_key, new_store_id());
+        if (!txn.get(meta, layout::store_id_key)) txn.put(meta, layout::store_id_key, detail::new_store_id());
     });
 }
 
@@ -231,6 +245,18 @@ void append_change_json(std::string& out, const change& c, const projection_base
         }
     }
     out += "}";
+}
+
+std::optional<snapshot::store_copy> snapshot::copied_from() const {
+    auto& s = *impl_;
+    const auto meta = s.table(std::string(layout::meta_table));
+    auto v = meta ? s.txn.get(*meta, layout::copied_from_key) : std::nullopt;
+    if (!v) return std::nullopt;
+    const auto space = v->find(' ');
+    store_copy c;
+    c.store_id = std::string(v->substr(0, space));
+    if (space != std::string_view::npos) c.commit = std::strtoull(std::string(v->substr(space + 1)).c_str(), nullptr, 10);
+    return c;
 }
 
 std::string snapshot::store_id() const {

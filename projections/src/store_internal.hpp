@@ -49,6 +49,12 @@ namespace idem {
 namespace detail {
 class batch_run;
 
+/// Returns a new store identity: 32 random hex digits.
+std::string new_store_id();
+/// Gives the store in env (a fresh copy) an identity of its own and records in its meta the
+/// identity it was copied from and the commit copied (snapshot::copied_from).
+void mark_as_copy(environment& env, std::uint64_t commit);
+
 /// A row as the writer holds it: decoded, changed by handlers, written at a batch's finish.
 struct row_slot {
     codec::row_header header;

@@ -10,21 +10,17 @@ resumed under a consumer name of its own, it replays the stream and ends with th
 (`idem rebuild` of the log, checked against gen's totals): nothing lost, nothing applied twice.
 And a backup taken while messages of a killed run waited for their AckWait, resumed on the same
 durable consumer while those messages still wait, whose floor is therefore below the backup's
-checkpoint although the consumer acked messages above it.
+checkpoint although the consumer acked messages above it: refused too (a backup that has
+committed nothing since the copy, on a consumer that delivered past its checkpoint).
 
 Relay: store A is fed from a log and relayed to stream CHANGES; a backup B of A, taken mid-way,
-replaces A; B consumes the rest of the log and is relayed. What a reader of the stream sees is
-checked: each row's newest state equal to the reference, no stream position carrying two different
-changes, every change of B's feed after the restore in the stream.
-
-Cases marked known_bug (unittest.expectedFailure, failing only on the assertion that shows the
-bug) show behaviour that is wrong today; each says why. One that passes fails the suite.
+replaces A; B consumes the rest of the log. A backup has a store id of its own: relaying B to A's
+stream is refused (nothing published there), and relayed to a stream of its own, a reader of that
+stream ends with the reference rows.
 
     python3 restore_test.py path/to/idem [test names...]
 """
 
-import contextlib
-import functools
 import json
 import os
 import random
@@ -41,44 +37,12 @@ from idem_cli import run, wait_for
 from relay_test import relay_case
 
 
-class bug_shows(AssertionError):
-    """The assertion a known_bug case is expected to fail."""
-
-
-def known_bug(method):
-    """unittest.expectedFailure for a case that shows a bug, expected to fail only on its own
-    assertion (made inside `with self.shows_bug()`): anything else that goes wrong (a setup that
-    did not reach the bug, a crash) is reported as an error from a cleanup, not swallowed."""
-    @functools.wraps(method)
-    def wrapper(self):
-        try:
-            method(self)
-        except bug_shows:
-            raise
-        except Exception as e:  # reported from a cleanup, outside the expected failure
-            self.addCleanup(_raise, e)
-    return unittest.expectedFailure(wrapper)
-
-
-def _raise(e):
-    raise e
-
-
-class restore_case:
-    @contextlib.contextmanager
-    def shows_bug(self):
-        try:
-            yield
-        except AssertionError as e:
-            raise bug_shows(str(e)) from None
-
-
 # The durable consumer's settings, the same on every run (a run that gives others is refused).
 # A short AckWait: what a killed run held comes again soon.
 DURABLE = ["--ack-wait", "2s", "--max-deliver", 50, "--fetch-batch", 64, "--max-batch", 25]
 
 
-class durable_restore_test(restore_case, consume_case):
+class durable_restore_test(consume_case):
     def checkpoint(self, db):
         """The store's checkpoint of nats:ORD/c1; 0 while it has none (or is still being created)."""
         p = run("stats", "--db", db, check=False)
@@ -153,17 +117,13 @@ class durable_restore_test(restore_case, consume_case):
                 r, _ = self.consume(b, "ORD", "c1", *DURABLE)
                 self.assertEqual((r["fetched"], self.rows(b)), (0, ref))
 
-    @known_bug
-    def test_a_backup_past_a_message_still_waiting_for_its_ack_wait_loses_nothing_on_the_durable(self):
-        # Expected failure. After a kill, the messages the killed run held wait for their AckWait
-        # while the restarted run goes on with newer ones, so a backup then has a checkpoint above
-        # messages it does not hold. The durable consumer's ack floor stays below them (they are
-        # unacknowledged) while it acknowledges everything above. source::impl::check_ack_floor
-        # (sources/src/jetstream/source.cpp) compares only that floor with the checkpoint: the
-        # backup, resumed on the durable, is accepted, is delivered only the waiting messages,
-        # reaches --until-caught-up's target, and exits 0 without the messages between its
-        # checkpoint and what the other run acknowledged above it. It should refuse (as it does
-        # once the floor has passed) or end with the reference rows.
+    def test_a_backup_past_a_message_still_waiting_for_its_ack_wait_is_refused_on_the_durable(self):
+        # After a kill, the messages the killed run held wait for their AckWait while the restarted
+        # run goes on with newer ones, so a backup then has a checkpoint above messages it does not
+        # hold, and the durable consumer's ack floor stays below them while it acknowledges
+        # everything above. The floor check passes; what the other run acknowledged above the
+        # backup's checkpoint would never come again. A backup that has committed nothing since it
+        # was copied is refused on a consumer that delivered past its checkpoint.
         report, lines = self.gen("o.jsonl", 4000, aggregates=100)
         ref = self.reference(self.path("o.jsonl"), report["totals"])
         half = len(lines) // 2
@@ -198,25 +158,28 @@ class durable_restore_test(restore_case, consume_case):
         print(f"backup at {at}; the durable's floor {state['ack_floor_stream_seq']}, {state['num_ack_pending']} "
               f"held, A acknowledged up to {self.checkpoint(a)} of {last}", file=sys.stderr)
 
-        # The backup restored on the durable consumer: refused, or the reference rows.
-        r, p = self.consume(b, "ORD", "c1", *settings, check=False, timeout=120)
-        if p.returncode != 0:
-            self.assertIn("has acknowledged", p.stderr)
-            return
-        print(f"resumed on the durable: {json.dumps(r)}", file=sys.stderr)
-        rows = self.rows(b)
-        lines = sum(json.loads(s)["lines"] for _, _, s in rows)
-        with self.shows_bug():
-            self.assertEqual(rows, ref, f"the restored store holds {lines} order lines of "
-                                        f"{report['totals']['lines']} (fetched {r['fetched']}), and exited 0")
+        # The backup restored on the durable consumer: refused, nothing applied.
+        before = self.rows(b)
+        _, p = self.consume(b, "ORD", "c1", *settings, check=False, timeout=120)
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertIn("is a backup of store", p.stderr)
+        self.assertIn(f"past its checkpoint {at}", p.stderr)
+        self.assertIn("use another consumer name", p.stderr)
+        self.assertEqual(self.rows(b), before)
+        # The way out it names: a consumer of its own replays the stream; the reference rows.
+        self.consume(b, "ORD", "restored", *settings, timeout=120)
+        self.assertEqual(self.rows(b), ref)
 
 
-class relay_restore_test(restore_case, relay_case):
+class relay_restore_test(relay_case):
     """A store A fed from a log in commits of 20 lines, relayed; a backup B of it replaces it, and
-    goes on with commits of restored_batch lines (another --batch, or a follower's or a broker's
-    other timing); then relayed from B."""
+    goes on with commits of 1000 lines; then relayed again. B has a store id of its own (a backup
+    does), and its commits after the copied one are not A's although they are numbered like them:
+    relaying it to A's stream is refused, whether the stream holds A's changes past the backup or
+    not, and nothing is published there; relayed to a stream of its own, a reader of that stream
+    ends with B's rows, which are the reference's."""
 
-    def scenario(self, relay_before_backup, restored_batch):
+    def scenario(self, relay_before_backup):
         report = json.loads(run("gen", "--out", self.path("all.jsonl"), "--domain", "orders", "--events", 4000,
                                 "--aggregates", 120, "--seed", 9).stdout)
         lines = self.lines("all.jsonl")
@@ -233,105 +196,43 @@ class relay_restore_test(restore_case, relay_case):
 
         append(cuts[0])
         run("consume", "--db", a, "--log", log, "--batch", 20)
+        relayed = None
         if relay_before_backup:
-            run(*self.relay_args(a))
+            relayed = json.loads(run(*self.relay_args(a)).stdout)
         backup = json.loads(run("backup", "--db", a, "--out", b).stdout)
         append(cuts[1])
         run("consume", "--db", a, "--log", log, "--batch", 20)
         if not relay_before_backup:
-            run(*self.relay_args(a))  # the stream holds A's feed to its end: past the backup
-        a_last = json.loads(run("stats", "--db", a).stdout)["change_feed"]["last_commit"]
+            relayed = json.loads(run(*self.relay_args(a)).stdout)  # the stream holds A's feed past the backup
+        published = self.ns.stream_info("CHANGES")["last_seq"]
 
-        # The restore: the relay stopped (it ran to the end), A moved aside and B put in its place.
+        # The restore: the relay stopped, A moved aside and B put in its place.
         shutil.move(a, self.path("A.old"))
         shutil.move(b, a)
         append(cuts[2])
-        run("consume", "--db", a, "--log", log, "--batch", restored_batch)
-        relayed = json.loads(run(*self.relay_args(a)).stdout)
-        restored_last = json.loads(run("stats", "--db", a).stdout)["change_feed"]["last_commit"]
+        run("consume", "--db", a, "--log", log, "--batch", 1000)
+        self.assertEqual(self.states(a, "order-totals"), ref)  # the restore lost and doubled nothing
 
-        messages = self.stream_messages()
-        envelopes = [json.loads(m["data"]) for m in messages]
-        newest = {}
-        for e in envelopes:
-            if e["type"] == "idem.change.order-totals" and e["sequence"] >= newest.get(e["subject"], (0, None))[0]:
-                newest[e["subject"]] = (e["sequence"], e["data"])
-        by_position = {}
-        for m, e in zip(messages, envelopes):
-            by_position.setdefault(m["headers"]["Idem-Position"], set()).add(m["data"])
-        conflicts = {p: len(v) for p, v in by_position.items() if len(v) > 1}
-        stored_ids = {e["id"] for e in envelopes}
-        after_restore = [c for c in self.feed_changes(a) if c["commit"] > backup["commit"]]
-        missing = [c for c in after_restore
-                   if f"{relayed['store_id']}/order-totals/{c['key']}/{c['version']}" not in stored_ids]
-        # Ids name a key's version: two messages under one id would have to be the same change.
-        by_id = {}
-        for m, e in zip(messages, envelopes):
-            by_id.setdefault(e["id"], set()).add(json.dumps(e["data"], sort_keys=True))
-        print(f"backup at commit {backup['commit']}, A's feed to {a_last}, the restored store's to {restored_last}; "
-              f"the relay after the restore: {json.dumps(relayed)}; {len(conflicts)} positions with two changes, "
-              f"{len(missing)} of {len(after_restore)} changes after the restore not in the stream", file=sys.stderr)
+        # Relayed to A's stream: refused, naming what the store is a copy of; nothing published.
+        p = run(*self.relay_args(a), check=False)
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertIn(f"is a backup of store {relayed['store_id']} taken at commit {backup['commit']}", p.stderr)
+        self.assertIn("relay it to a stream or prefix of its own", p.stderr)
+        self.assertEqual(self.ns.stream_info("CHANGES")["last_seq"], published)
 
-        # Store B itself is right: the restore lost nothing and doubled nothing.
-        self.assertEqual(self.states(a, "order-totals"), ref)
-        self.assertEqual([i for i, v in by_id.items() if len(v) > 1], [])
-        return ref, newest, conflicts, missing
+        # The way out it names: a stream of its own, which a reader follows to B's rows.
+        own = json.loads(run("relay", "--db", a, "--nats", self.ns.url, "--stream", "RESTORED", "--subject",
+                             "restored", "--projection", "order-totals").stdout)
+        self.assertNotEqual(own["store_id"], relayed["store_id"])
+        self.consume(self.path("D"), "RESTORED", "down", "--gaps", "apply")
+        self.assertEqual(self.states(self.path("D"), "order-totals-copy"), ref)
 
-    def assert_reader_is_exact(self, ref, newest, conflicts, missing):
-        stale = sorted(k for k in ref if newest.get(k, (0, None))[1] != ref[k])
-        self.assertEqual(stale, [], f"{len(stale)} of {len(ref)} rows' newest state in the stream differs from "
-                                    f"the reference")
-        self.assertEqual(conflicts, {}, "stream positions (Idem-Position) carrying two different changes")
+    def test_a_restored_store_ahead_of_the_stream_is_refused_there_and_exact_on_its_own(self):
+        self.scenario(relay_before_backup=True)
 
-    def test_a_restored_store_ahead_of_the_stream_is_relayed_exactly(self):
-        # The relay had published less than the backup holds: the restored feed goes on from there.
-        ref, newest, conflicts, missing = self.scenario(relay_before_backup=True, restored_batch=1000)
-        self.assert_reader_is_exact(ref, newest, conflicts, missing)
-        self.assertEqual(missing, [], "changes of the restored store's feed never published")
-        # And a downstream idem following the stream ends with the rows.
-        self.consume(self.path("D"), "CHANGES", "down", "--gaps", "apply")
-        self.assertEqual(self.states(self.path("D"), "order-totals-copy"),
-                         self.states(self.path("A"), "order-totals"))
-
-    @known_bug
-    def test_a_restored_store_behind_the_stream_publishes_its_new_commits(self):
-        # Expected failure. The restored store keeps A's store id but numbers its commits after the
-        # backup's, which the stream already holds from A. relayer::run (sources/src/jetstream/
-        # relay.cpp) resumes after the position read_mark finds in the stream, i.e. past A's last
-        # commit: every commit of the restored store up to that number is skipped although its
-        # changes were never published. Here the rest of the log goes into a few large commits,
-        # all numbered below A's last: no change is published, and the rows the rest of the log
-        # changed are stale for every reader of the stream.
-        observed = self.scenario(relay_before_backup=False, restored_batch=1000)
-        with self.shows_bug():
-            self.assert_reader_is_exact(*observed)
-
-    @known_bug
-    def test_a_restored_store_behind_the_stream_publishes_nothing_else_under_a_published_position(self):
-        # Expected failure. As above, with the restored store committing in smaller batches than
-        # A did: its commits pass A's last number, and the relay publishes them under positions
-        # (COMMIT.INDEX, the Idem-Position header and `idemposition`) that A's other changes were
-        # published under. A reader that resumes by position, or matches changes to commits, is
-        # misled.
-        observed = self.scenario(relay_before_backup=False, restored_batch=7)
-        with self.shows_bug():
-            self.assert_reader_is_exact(*observed)
-
-
-def main():
-    """idem_cli.main, except that a known_bug case that passes fails the suite: the bug is fixed,
-    and its case should assert the behaviour plainly."""
-    import nats_server
-    nats_server.skip_unless_available()
-    idem_cli.IDEM = os.path.abspath(sys.argv.pop(1))
-    started = time.monotonic()
-    result = unittest.main(module="__main__", exit=False, verbosity=2).result
-    total = result.testsRun
-    failed = len(result.failures) + len(result.errors) + len(result.unexpectedSuccesses)
-    print(f"[restore] test cases: {total} | {total - failed} passed | {failed} failed "
-          f"({len(result.expectedFailures)} known bugs shown) in {time.monotonic() - started:.0f} s")
-    sys.exit(1 if failed else 0)
+    def test_a_restored_store_behind_the_stream_is_refused_there_and_exact_on_its_own(self):
+        self.scenario(relay_before_backup=False)
 
 
 if __name__ == "__main__":
-    main()
+    idem_cli.main("restore")

@@ -121,7 +121,7 @@ public:
             {
                 auto snap = snapshot::open(o_.db);  // afresh each step: a rebuild's new store is found
                 const auto id = snap.store_id();
-                if (r_.store_id.empty()) check_store(id);
+                if (r_.store_id.empty()) check_store(snap);
                 if (id != r_.store_id) {
                     throw_error(errc::invalid_argument, o_.db.string() + ": now holds another store (id " + id +
                                                             ", was " + r_.store_id + ")");
@@ -163,8 +163,20 @@ private:
         while (!stopping() && clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
 
-    void check_store(const std::string& id) {
+    void check_store(const snapshot& snap) {
+        const auto id = snap.store_id();
         if (id.empty()) throw_error(errc::invalid_argument, o_.db.string() + ": the store has no id (an older layout)");
+        const auto copied = snap.copied_from();
+        if (mark_ && copied && mark_->store_id == copied->store_id) {
+            // A restored backup: its commits after the copied one are not the original's, which
+            // the stream may hold under the same positions (or ahead of what it has).
+            throw_error(errc::invalid_argument,
+                        o_.db.string() + " is a backup of store " + copied->store_id + " taken at commit " +
+                            std::to_string(copied->commit) + ", and stream '" + o_.stream +
+                            "' holds that store's changes through " + mark_->position.to_string() +
+                            ": this store's next commits are not those, so it is not relayed there; relay it to a "
+                            "stream or prefix of its own and seed its readers anew (from a dump of this store)");
+        }
         if (mark_ && mark_->store_id != id) {
             throw_error(errc::invalid_argument,
                         "stream '" + o_.stream + "' holds the changes of store " + mark_->store_id + ", not of " +

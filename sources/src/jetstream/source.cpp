@@ -176,8 +176,10 @@ void source::impl::take_claim(engine& e) {
 void source::impl::check_ack_floor(engine& e, std::uint64_t position) {
     const std::uint64_t floor = std::max(position, o.start_sequence > 0 ? o.start_sequence - 1 : 0);
     auto ci = watch->retry([&] { return detail::consumer_info(*conn, o.stream, o.consumer); });
-    if (!ci || ci->AckFloor.Stream <= floor || o.accept_stream_reset) return;
-    const auto missed = watch->retry([&] { return detail::next_matching(*conn, o.stream, cc.filter_subject, floor); });
+    if (!ci || o.accept_stream_reset) return;
+    const auto missed = ci->AckFloor.Stream <= floor ? std::nullopt : watch->retry([&] {
+        return detail::next_matching(*conn, o.stream, cc.filter_subject, floor);
+    });
     if (missed && *missed <= ci->AckFloor.Stream) {
         throw_error(errc::invalid_argument,
                     "consumer '" + o.consumer + "' of stream '" + o.stream + "' has acknowledged up to sequence " +
@@ -188,6 +190,22 @@ void source::impl::check_ack_floor(engine& e, std::uint64_t position) {
                         "copy), and the messages in between would never be applied here; use another consumer "
                         "name (it replays the stream into this store), or --accept-stream-reset to go on "
                         "without them");
+    }
+    // A restored backup that has committed nothing yet: its checkpoint is the highest sequence it
+    // applied, and messages below it may have been held by a killed run, still unacknowledged
+    // (so the floor stays below). What the consumer delivered past the checkpoint was applied
+    // and acknowledged by the store this one copies; it never comes again.
+    const auto snap = e.read();
+    const auto copied = snap.copied_from();
+    if (copied && snap.commit() == copied->commit && ci->Delivered.Stream > position) {
+        throw_error(errc::invalid_argument,
+                    e.options().store.path.string() + " is a backup of store " + copied->store_id +
+                        " taken at commit " + std::to_string(copied->commit) + ", and consumer '" + o.consumer +
+                        "' of stream '" + o.stream + "' has delivered up to sequence " +
+                        std::to_string(ci->Delivered.Stream) + ", past its checkpoint " + std::to_string(position) +
+                        ": what it delivered there went to the store copied, and acknowledged messages never come "
+                        "again; use another consumer name (it replays the stream into this store; what the backup "
+                        "holds is recognized), or --accept-stream-reset to go on without them");
     }
 }
 

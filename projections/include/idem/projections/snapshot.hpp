@@ -187,7 +187,15 @@ public:
     /// Returns what the change feed holds.
     change_feed_info change_feed() const;
     /// Returns the store's identity (32 hex digits; empty for a store made before it had one).
+    /// A backup has an identity of its own (copied_from names the store it copies).
     std::string store_id() const;
+    /// What a backup was copied from: that store's identity and the commit copied.
+    struct store_copy {
+        std::string store_id;
+        std::uint64_t commit = 0;
+    };
+    /// Returns what this store is a backup of (idem::backup), if it is one.
+    std::optional<store_copy> copied_from() const;
     /// Returns a consumer's checkpoint for a source, if it has one.
     std::optional<std::uint64_t> checkpoint(std::string_view consumer, std::string_view source) const;
     /// Returns a consumer's checkpoint for a source as stored: the u64 LE position, then its detail.

@@ -34,6 +34,9 @@ inline constexpr std::string_view commit_key = "commit";
 /// meta: the store's identity, 32 hex digits, made with the store (a rebuild's store keeps its
 /// predecessor's): what a change feed reader checks it still reads.
 inline constexpr std::string_view store_id_key = "store-id";
+/// meta: set in a backup: "<the copied store's id> <the commit copied>" (the copy has an id of its
+/// own: its next commits are not the copied store's).
+inline constexpr std::string_view copied_from_key = "copied-from";
 /// meta: the change feed's last pruned position (commit u64 LE, index u32 LE): a reader after an
 /// earlier position would miss entries.
 inline constexpr std::string_view changes_pruned_key = "changes-pruned";
