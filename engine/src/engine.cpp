@@ -41,6 +41,7 @@ struct pending_marker {
     std::optional<marker_handler> handler;  // none: the destructor's own stop
     engine::executor_type ex;
     bool stop = false;
+    std::function<void(store&)> task{};  // async_operate's: run with the store before completing
 };
 
 using item = std::variant<pending_apply, pending_marker>;
@@ -268,6 +269,19 @@ void engine::submit(delivery d, apply_handler handler, executor_type ex, std::op
         // Backpressure: held here, not in the writer's queue, until completions make room.
         impl_->waiting.emplace_back(std::move(p));
     }
+}
+
+void engine::operate(std::function<void(store&)> task, marker_handler handler, executor_type ex) {
+    pending_marker marker{std::move(handler), std::move(ex), false, std::move(task)};
+    std::unique_lock lock{impl_->m};
+    impl_->started = true;
+    if (impl_->stopping) {
+        lock.unlock();
+        post_marker(marker, aborted());
+        return;
+    }
+    (impl_->waiting.empty() ? impl_->queue : impl_->waiting).emplace_back(std::move(marker));
+    impl_->cv.notify_one();
 }
 
 void engine::flush(marker_handler handler, executor_type ex, bool stop) {
@@ -530,6 +544,25 @@ void engine::impl::finish_marker(pending_marker& marker) {
         std::scoped_lock lock{m};
         ec = failure;
         if (marker.stop) done = true;
+    }
+    if (!ec && marker.task) {
+        try {
+            marker.task(*st);
+        } catch (const std::system_error& e) {
+            ec = e.code();
+        } catch (const std::exception&) {
+            ec = make_error_code(errc::storage_failed);
+        }
+        // A commit the task made is durable as a batch's is: readers and subscriptions learn of it.
+        try {
+            const auto commit = st->read().commit();
+            {
+                std::scoped_lock lock{m};
+                counters.last_commit = counters.durable_commit = std::max(counters.durable_commit, commit);
+            }
+            watch->advance(commit);
+        } catch (const std::system_error&) {
+        }
     }
     if (marker.stop) watch->stop();  // outstanding subscriptions and commit waits end now
     post_marker(marker, ec);

@@ -129,6 +129,11 @@ std::pair<std::uint64_t, std::vector<parked_stream>> store_facts(const snapshot&
 
 }  // namespace
 
+std::optional<std::string> health_monitor::pause_reason() const {
+    std::scoped_lock lock{m_};
+    return paused_;
+}
+
 health_report health_monitor::report(const snapshot& s, const std::string& consumer) const {
     const auto [event_time, parked] = store_facts(s, consumer);
     return judge(event_time, parked);

@@ -262,6 +262,21 @@ event_clock_result store::set_event_time_back(std::uint64_t time_ns, const std::
     return result;
 }
 
+std::uint64_t store::record_action(const std::string& action, const std::string& note, const std::string& summary) {
+    const auto audit = impl_->env->table(layout::audit_table(this->options().consumer));
+    std::uint64_t commit = 0;
+    operate([&](detail::operator_session& op) {
+        operator_action a;
+        a.action = action;
+        a.note = note;
+        a.summary = summary;
+        record(op, audit, std::move(a));
+        commit = op.commit();
+        return true;
+    });
+    return commit;
+}
+
 // --- a consumer's parked events and audit, as a snapshot sees them ----------------------------
 
 std::vector<parked_stream> consumer_view::parked_streams() const {

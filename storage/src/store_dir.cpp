@@ -18,9 +18,11 @@ std::vector<std::string> foreign_files(const std::filesystem::path& dir) {
     std::error_code ec;
     for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
         const auto name = e.path().filename().string();
-        // idem.health: what a running consumer last said of its health (idem stats reads it).
+        // idem.health: what a running consumer last said of its health (idem stats reads it);
+        // idem.pause: an operator's pause (idem pause).
         const bool ours = name == "data.mdb" || name == "lock.mdb" || name == writer_lock_file ||
-                          name == "idem.health" || name == "idem.health.tmp" ||
+                          name == "idem.health" || name == "idem.health.tmp" || name == "idem.pause" ||
+                          name == "idem.pause.tmp" ||
                           (name.starts_with(".create-") && e.is_directory());
         if (!ours) out.push_back(name);
     }

@@ -68,6 +68,17 @@ def state_is(db, state):
     return probe
 
 
+def request(port, method, path, body=None):
+    """One HTTP request to 127.0.0.1:port; (status, body text)."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        c.request(method, path, body=body, headers={"Content-Type": "application/cloudevents+json"} if body else {})
+        r = c.getresponse()
+        return r.status, r.read().decode()
+    finally:
+        c.close()
+
+
 def rule_annotations(text):
     """{alert: {annotation: template}} of a rules file whose annotations are one-line strings."""
     out = {}
@@ -141,6 +152,120 @@ class follow_test(unittest.TestCase):
         self.assertFalse(os.path.exists(os.path.join(self.db, "idem.health")))
 
 
+class pause_test(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="idem-pause-")
+        self.addCleanup(shutil.rmtree, self.dir, True)
+        self.db = os.path.join(self.dir, "db")
+        self.log = os.path.join(self.dir, "orders.jsonl")
+
+    def append(self, *events):
+        with open(self.log, "a") as f:
+            for e in events:
+                f.write(json.dumps(e, separators=(",", ":")) + "\n")
+
+    def follow(self):
+        return subprocess.Popen([IDEM, "consume", "--db", self.db, "--log", self.log, "--follow"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    def stop(self, p):
+        p.send_signal(signal.SIGTERM)
+        p.wait(60)
+        err = p.stderr.read().decode()
+        p.stderr.close()
+        self.assertEqual(p.returncode, 0, err)
+
+    def applied(self):
+        return stats(self.db)["outcomes"]["applied"]
+
+    def audit(self):
+        return [(a["action"], a["reason"]) for a in map(json.loads, run("audit", "--db", self.db).stdout.splitlines())]
+
+    def test_a_paused_follower_reads_nothing_across_a_restart_until_resumed(self):
+        self.append(line("a1", "o1", 5))
+        p = self.follow()
+        try:
+            wait_for("the first event", lambda: os.path.exists(os.path.join(self.db, "idem.health")) and
+                     self.applied() == 1)
+            out = json.loads(run("pause", "--db", self.db, "--reason", "disk swap").stdout)
+            self.assertEqual((out["paused"], out["reason"]), (True, "disk swap"))
+            self.assertIn(f"pid {p.pid}", out["recorded_by"])
+            self.append(line("a2", "o1", 7), line("a3", "o2", 1))
+            time.sleep(1.5)
+            s = stats(self.db)
+            self.assertEqual((s["state"], s["outcomes"]["applied"]), ("paused", 1), s)
+            self.assertEqual(s["reason"], "paused by an operator: disk swap")
+            self.assertEqual(s["pause"]["reason"], "disk swap")
+            self.assertEqual(self.audit(), [("pause", "disk swap")])
+        finally:
+            self.stop(p)  # stopped while paused: reads nothing more on its way out
+        self.assertEqual(self.applied(), 1)
+        self.assertEqual(stats(self.db)["state"], "stopped")
+
+        p = self.follow()  # starts paused
+        try:
+            wait_for("the restarted follower reports", state_is(self.db, "paused"))
+            time.sleep(1)
+            self.assertEqual(self.applied(), 1)
+            out = json.loads(run("resume", "--db", self.db, "--reason", "swapped").stdout)
+            self.assertEqual(out["paused"], False)
+            wait_for("the rest applied once resumed", lambda: self.applied() == 3)
+            self.assertEqual(stats(self.db)["pause"], None)
+        finally:
+            self.stop(p)
+        rows = {r["key"]: (r["state"]["total"], r["state"]["lines"])
+                for r in map(json.loads, run("dump", "--db", self.db, "--projection", "order-totals").stdout.splitlines())}
+        self.assertEqual(rows, {"o1": (12, 2), "o2": (1, 1)})
+        self.assertEqual(self.audit(), [("pause", "disk swap"), ("resume", "")])
+        # Pauses change no row: a rebuild from the log is not refused for them, and keeps a pause.
+        run("pause", "--db", self.db, "--reason", "rebuild")
+        self.assertEqual(self.audit()[-1], ("pause", "rebuild"))
+        run("rebuild", "--db", self.db, "--log", self.log)
+        self.assertEqual(stats(self.db)["pause"]["reason"], "rebuild")
+        run("resume", "--db", self.db)
+        self.assertEqual(run("resume", "--db", self.db, check=False).returncode, 1)  # not paused
+
+    def test_a_writer_that_does_not_pause_is_refused_and_no_pause_is_left(self):
+        import fcntl
+        self.append(line("a1", "o1", 5))
+        run("consume", "--db", self.db, "--log", self.log)
+        # A rebuild (which replaces the directory) holds the writer lock and keeps no health file.
+        with open(os.path.join(self.db, "idem.lock"), "r+") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            lock.truncate(0)
+            lock.write(f"{os.getpid()}\nidem rebuild --db {self.db} --log {self.log}\n")
+            lock.flush()
+            p = run("pause", "--db", self.db, "--reason", "x", check=False)
+            self.assertEqual(p.returncode, 2, p.stderr)
+            self.assertIn("which does not pause", p.stderr)
+            self.assertIn("idem rebuild", p.stderr)
+        self.assertIsNone(stats(self.db)["pause"])
+
+    def test_serve_refuses_events_while_paused(self):
+        p = subprocess.Popen([IDEM, "serve", "--db", self.db, "--listen", "127.0.0.1:0"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            port = int(json.loads(p.stdout.readline())["listening"].rsplit(":", 1)[1])
+            post = lambda e: request(port, "POST", "/events", json.dumps(e))
+            self.assertEqual(post(line("s1", "o1", 5))[0], 200)
+            run("pause", "--db", self.db, "--reason", "maintenance")
+            status, body = post(line("s2", "o1", 7))
+            self.assertEqual(status, 503, body)
+            self.assertIn("paused by an operator: maintenance", body)
+            status, body = request(port, "GET", "/readyz")
+            self.assertEqual(status, 503)
+            self.assertIn("paused", body)
+            self.assertEqual(request(port, "GET", "/rows/order-totals/o1")[0], 200)
+            run("resume", "--db", self.db)
+            self.assertEqual(post(line("s2", "o1", 7))[0], 200)
+            self.assertEqual([a[0] for a in self.audit()], ["pause", "resume"])
+        finally:
+            p.send_signal(signal.SIGTERM)
+            p.wait(60)
+            p.stdout.close()
+            p.stderr.close()
+
+
 class serve_and_alerts_test(unittest.TestCase):
     def setUp(self):
         self.dir = tempfile.mkdtemp(prefix="idem-health-")
@@ -148,13 +273,7 @@ class serve_and_alerts_test(unittest.TestCase):
         self.db = os.path.join(self.dir, "db")
 
     def request(self, port, method, path, body=None):
-        c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-        try:
-            c.request(method, path, body=body, headers={"Content-Type": "application/cloudevents+json"} if body else {})
-            r = c.getresponse()
-            return r.status, r.read().decode()
-        finally:
-            c.close()
+        return request(port, method, path, body)
 
     def scrape(self, port):
         """The samples of /metrics as {(name, frozenset(labels)): value}."""

@@ -644,6 +644,71 @@ class sigterm_test(consume_case):
         self.assert_acks_after_durable(self.read_ack_log("acks.jsonl"))
 
 
+class pause_and_stall_test(consume_case):
+    """idem pause of a running consume --nats: nothing more is fetched (what it held is acked), the
+    pause holds across a restart, idem resume lets it catch up to the reference; a broker that is
+    gone is declared stalled by idem stats within --stall-after."""
+
+    def stats(self, db):
+        return json.loads(run("stats", "--db", db).stdout)
+
+    def test_a_paused_consumer_fetches_nothing_across_a_restart_and_resumes_exact(self):
+        report, lines = self.gen("o.jsonl", 2000, aggregates=50)
+        ref = self.reference(self.path("o.jsonl"), report["totals"])
+        half = len(lines) // 2
+        with open(self.path("first.jsonl"), "wb") as f:
+            f.write(b"".join(l + b"\n" for l in lines[:half]))
+        with open(self.path("second.jsonl"), "wb") as f:
+            f.write(b"".join(l + b"\n" for l in lines[half:]))
+        self.publish(self.path("first.jsonl"))
+        first = self.ns.stream_info("ORD")["last_seq"]
+        db = self.path("db")
+        p = self.start(db)
+        wait_for(lambda: (self.consumer_info() or {}).get("ack_floor_stream_seq", 0) >= first, 60, "the first half")
+        wait_for(lambda: os.path.exists(os.path.join(db, "idem.health")), 30, "the health file")
+        out = json.loads(run("pause", "--db", db, "--reason", "broker upgrade").stdout)
+        self.assertTrue(out["paused"])
+        self.publish(self.path("second.jsonl"))
+        time.sleep(1.5)
+        info = self.consumer_info()
+        self.assertEqual((info["ack_floor_stream_seq"], info["num_ack_pending"]), (first, 0), info)
+        s = self.stats(db)
+        self.assertEqual(s["state"], "paused", s)
+        code, r, err = self.finish(p)
+        self.assertEqual(code, 0, err)
+        p = self.start(db)  # starts paused
+        wait_for(lambda: self.stats(db)["state"] == "paused", 30, "the restarted consumer to say paused")
+        time.sleep(1)
+        self.assertEqual(self.consumer_info()["ack_floor_stream_seq"], first)
+        run("resume", "--db", db)
+        last = self.ns.stream_info("ORD")["last_seq"]
+        wait_for(lambda: self.consumer_info()["ack_floor_stream_seq"] >= last, 60, "the rest once resumed")
+        code, r, err = self.finish(p)
+        self.assertEqual(code, 0, err)
+        self.assertEqual(self.rows(db), ref)
+        actions = [json.loads(l)["action"] for l in run("audit", "--db", db).stdout.splitlines()]
+        self.assertEqual(actions, ["pause", "resume"])
+
+    def test_a_broker_that_is_gone_is_stalled_within_the_threshold(self):
+        self.gen("o.jsonl", 300, aggregates=10)
+        self.publish(self.path("o.jsonl"))
+        db = self.path("db")
+        p = self.start(db, "ORD", "c1", "--stall-after", "1s", "--broker-outage-limit", "60s")
+        last = self.ns.stream_info("ORD")["last_seq"]
+        wait_for(lambda: (self.consumer_info() or {}).get("ack_floor_stream_seq", 0) >= last, 60, "everything acked")
+        wait_for(lambda: self.stats(db)["state"] == "idle", 30, "idle once caught up")
+        time.sleep(2)
+        self.assertEqual(self.stats(db)["state"], "idle")  # nothing to do is not a stall
+        self.ns.kill()
+        s = wait_for(lambda: (lambda s: s if s["state"] == "stalled" else None)(self.stats(db)), 30,
+                     "stalled once the broker is gone")
+        self.assertIn("source jetstream ORD/c1 has failed for", s["reason"])
+        self.ns.restart()
+        wait_for(lambda: self.stats(db)["state"] == "idle", 60, "idle once the broker is back")
+        code, r, err = self.finish(p)
+        self.assertEqual(code, 0, err)
+
+
 class refusal_test(consume_case):
     def small_log(self, name="o.jsonl", events=600):
         report, lines = self.gen(name, events, aggregates=20)

@@ -108,4 +108,47 @@ std::pair<unsigned, std::string> readiness(const health_report& h) {
     return {200, "ready\n"};
 }
 
+std::string metrics_text(const engine& eng, const http_figures& f) {
+    std::string out = eng.prometheus();
+    static constexpr std::array<const char*, 6> classes{"2xx", "400", "401", "413", "4xx", "503"};
+    out += "# HELP idem_http_answers_total HTTP answers by status class.\n# TYPE idem_http_answers_total counter\n";
+    for (std::size_t i = 0; i < classes.size(); ++i) {
+        out += "idem_http_answers_total{status=\"" + std::string(classes[i]) + "\"} " +
+               std::to_string(f.answers[i]) + "\n";
+    }
+    out += "# HELP idem_http_connections Open HTTP connections.\n# TYPE idem_http_connections gauge\n";
+    out += "idem_http_connections " + std::to_string(f.connections) + "\n";
+    out += "# HELP idem_http_refused_connections_total Connections refused past the limit or while stopping.\n"
+           "# TYPE idem_http_refused_connections_total counter\n";
+    out += "idem_http_refused_connections_total " + std::to_string(f.refused) + "\n";
+    out += "# HELP idem_http_accept_failures_total Accepts that failed for want of descriptors (each backed off).\n"
+           "# TYPE idem_http_accept_failures_total counter\n";
+    out += "idem_http_accept_failures_total " + std::to_string(f.accept_failures) + "\n";
+    out += "# HELP idem_http_timeouts_total Connections cut off by a read or idle timeout.\n"
+           "# TYPE idem_http_timeouts_total counter\n";
+    out += "idem_http_timeouts_total " + std::to_string(f.timeouts) + "\n";
+    out += "# HELP idem_http_in_flight Events submitted over HTTP and not yet answered.\n"
+           "# TYPE idem_http_in_flight gauge\n";
+    out += "idem_http_in_flight " + std::to_string(f.in_flight) + "\n";
+    // The store's own figures (kept across restarts, unlike the engine's counters): a
+    // snapshot's table entry counts, cheap.
+    auto snap = eng.read();
+    auto consumer = snap.consumer(eng.options().store.consumer);
+    const auto durable = consumer.stats();
+    out += "# HELP idem_inbox_size Message ids in the consumer's inbox.\n# TYPE idem_inbox_size gauge\n";
+    out += "idem_inbox_size " + std::to_string(consumer.inbox_size()) + "\n";
+    out += "# HELP idem_dead_letters_total Events dead-lettered, ever (the store's durable counter).\n"
+           "# TYPE idem_dead_letters_total counter\n";
+    out += "idem_dead_letters_total " +
+           std::to_string(durable.outcomes[static_cast<std::size_t>(outcome_kind::dead_lettered)]) + "\n";
+    out += "# HELP idem_parked Events parked until their stream's gap fills.\n# TYPE idem_parked gauge\n";
+    out += "idem_parked " + std::to_string(consumer.parked()) + "\n";
+    // Lag of an HTTP source: what is accepted and not yet durable (commits and events).
+    out += "# HELP idem_commit_lag Commits made and not yet known durable.\n# TYPE idem_commit_lag gauge\n";
+    const auto last = snap.commit();
+    const auto dur = eng.durable_commit();
+    out += "idem_commit_lag " + std::to_string(last > dur ? last - dur : 0) + "\n";
+    return out;
+}
+
 }  // namespace idem::http::detail

@@ -1,10 +1,11 @@
 #pragma once
 
-// The JSON bodies the HTTP source answers with. No Beast here.
+// The bodies the HTTP source answers with: JSON, /readyz and /metrics. No Beast here.
 
-#include <idem/engine/health.hpp>
+#include <idem/engine/engine.hpp>
 #include <idem/projections/store.hpp>
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -31,6 +32,13 @@ std::string outcomes_json(const std::vector<event_result>& results, std::uint64_
 std::string error_json(std::string_view text);
 /// Returns {"key","version","state"} of a row, as `idem get` prints it.
 std::string row_json(const projection_base& p, const snapshot::raw_row_view& r);
+/// The HTTP server's own counters, for GET /metrics.
+struct http_figures {
+    std::array<std::uint64_t, 6> answers{};  ///< by class: 2xx, 400, 401, 413/431, other 4xx, 503
+    std::uint64_t connections = 0, refused = 0, accept_failures = 0, timeouts = 0, in_flight = 0;
+};
+/// GET /metrics: the engine's metrics, the server's, and the store's inbox, dead letters and parked.
+std::string metrics_text(const engine& eng, const http_figures& f);
 /// GET /readyz: 200 "ready" while idle or running; 503 "stalled: <reason>" or "paused: <reason>".
 std::pair<unsigned, std::string> readiness(const health_report& h);
 

@@ -255,7 +255,6 @@ private:
     }
 
     static std::string error_body(std::string_view text) { return detail::error_json(text); }
-    void answer_text(std::pair<unsigned, std::string> a) { answer(a.first, std::move(a.second), true, "text/plain"); }
 
     void route() {
         const auto& req = parser_->get();
@@ -267,11 +266,12 @@ private:
         const bool get = req.method() == bhttp::verb::get;
         if (path == "/events") {
             if (req.method() != bhttp::verb::post) return answer(405, error_body("POST /events"), true);
+            if (auto why = srv_->eng.monitor().pause_reason()) return unavailable("paused by an operator: " + *why);
             return ingest();
         }
         if (!get) return answer(405, error_body("only GET here"), true);
         if (path == "/healthz") return answer(200, "ok\n", true, "text/plain");
-        if (path == "/readyz") return answer_text(detail::readiness(srv_->eng.health()));
+        if (path == "/readyz") return ready(detail::readiness(srv_->eng.health()));
         if (path == "/metrics") return answer(200, srv_->metrics(), true, "text/plain; version=0.0.4");
         if (path.starts_with("/rows/")) return read_row(path.substr(6), query);
         if (path == "/changes") return stream_changes(query);
@@ -309,6 +309,7 @@ private:
     }
 
     void unavailable(std::string_view why) { refuse(bhttp::status::service_unavailable, why); }
+    void ready(std::pair<unsigned, std::string> a) { answer(a.first, std::move(a.second), true, "text/plain"); }
 
     // 503 (stopping, or a commit not reached) or 429 (this server's own in-flight limit): the
     // sender is to retry after Retry-After; nothing of the request was submitted.
@@ -592,46 +593,14 @@ void server::impl::stop_sessions() {
 }
 
 std::string server::impl::metrics() const {
-    std::string out = eng.prometheus();
-    static constexpr std::array<const char*, 6> classes{"2xx", "400", "401", "413", "4xx", "503"};
-    out += "# HELP idem_http_answers_total HTTP answers by status class.\n# TYPE idem_http_answers_total counter\n";
-    for (std::size_t i = 0; i < classes.size(); ++i) {
-        out += "idem_http_answers_total{status=\"" + std::string(classes[i]) + "\"} " +
-               std::to_string(answers[i].load()) + "\n";
-    }
-    out += "# HELP idem_http_connections Open HTTP connections.\n# TYPE idem_http_connections gauge\n";
-    out += "idem_http_connections " + std::to_string(connections.load()) + "\n";
-    out += "# HELP idem_http_refused_connections_total Connections refused past the limit or while stopping.\n"
-           "# TYPE idem_http_refused_connections_total counter\n";
-    out += "idem_http_refused_connections_total " + std::to_string(refused.load()) + "\n";
-    out += "# HELP idem_http_accept_failures_total Accepts that failed for want of descriptors (each backed off).\n"
-           "# TYPE idem_http_accept_failures_total counter\n";
-    out += "idem_http_accept_failures_total " + std::to_string(accept_failures.load()) + "\n";
-    out += "# HELP idem_http_timeouts_total Connections cut off by a read or idle timeout.\n"
-           "# TYPE idem_http_timeouts_total counter\n";
-    out += "idem_http_timeouts_total " + std::to_string(timeouts.load()) + "\n";
-    out += "# HELP idem_http_in_flight Events submitted over HTTP and not yet answered.\n"
-           "# TYPE idem_http_in_flight gauge\n";
-    out += "idem_http_in_flight " + std::to_string(in_flight.load()) + "\n";
-    // The store's own figures (kept across restarts, unlike the engine's counters): a
-    // snapshot's table entry counts, cheap.
-    auto snap = eng.read();
-    auto consumer = snap.consumer(eng.options().store.consumer);
-    const auto durable = consumer.stats();
-    out += "# HELP idem_inbox_size Message ids in the consumer's inbox.\n# TYPE idem_inbox_size gauge\n";
-    out += "idem_inbox_size " + std::to_string(consumer.inbox_size()) + "\n";
-    out += "# HELP idem_dead_letters_total Events dead-lettered, ever (the store's durable counter).\n"
-           "# TYPE idem_dead_letters_total counter\n";
-    out += "idem_dead_letters_total " +
-           std::to_string(durable.outcomes[static_cast<std::size_t>(outcome_kind::dead_lettered)]) + "\n";
-    out += "# HELP idem_parked Events parked until their stream's gap fills.\n# TYPE idem_parked gauge\n";
-    out += "idem_parked " + std::to_string(consumer.parked()) + "\n";
-    // Lag of an HTTP source: what is accepted and not yet durable (commits and events).
-    out += "# HELP idem_commit_lag Commits made and not yet known durable.\n# TYPE idem_commit_lag gauge\n";
-    const auto last = snap.commit();
-    const auto dur = eng.durable_commit();
-    out += "idem_commit_lag " + std::to_string(last > dur ? last - dur : 0) + "\n";
-    return out;
+    detail::http_figures f;
+    for (std::size_t i = 0; i < f.answers.size(); ++i) f.answers[i] = answers[i].load();
+    f.connections = connections.load();
+    f.refused = refused.load();
+    f.accept_failures = accept_failures.load();
+    f.timeouts = timeouts.load();
+    f.in_flight = in_flight.load();
+    return detail::metrics_text(eng, f);
 }
 
 server::server(asio::any_io_executor ex, engine& e, server_options options)

@@ -248,11 +248,17 @@ void source::impl::fetch_until_done(engine& e, detail::pull_fetcher& fetcher, st
         }
         const auto room = room_to_fetch();
         if (!room) break;
-        if (*room == 0) continue;
         if (clock::now() >= loop.next_touch) {
             touch_old_messages(clock::now());
             loop.next_touch = clock::now() + std::chrono::milliseconds(100);
         }
+        if (e.monitor().pause_reason()) {
+            // Paused by an operator: nothing more is fetched; what is held completes and is acked.
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+            loop.last_delivery = clock::now();  // --until-caught-up does not count the pause as waiting
+            continue;
+        }
+        if (*room == 0) continue;
         auto want = static_cast<int>(std::min(*room, o.fetch_batch));
         detail::fetched_messages list;
         auto status = fetcher.fetch(list, want, o.fetch_wait);

@@ -31,7 +31,10 @@ log_run_result log_run::run(bool resume, bool follow, std::chrono::milliseconds 
             if (h) h->reader({});
         }
     } reading_while_running{options_.health};
-    if (options_.health) options_.health->reader([this] { return store_.read(); }, options_.store.consumer);
+    if (options_.health) {
+        options_.health->reader([this] { return store_.read(); }, options_.store.consumer);
+        noted_pause_ = options_.health->pause_reason();  // a run that starts paused records nothing
+    }
     auto started = clock::now();
     std::thread reader([&] {
         ::pthread_setname_np(::pthread_self(), "idem-log-reader");
@@ -94,7 +97,13 @@ void log_run::apply_loop() {
         pending p;
         {
             std::unique_lock lock{mutex_};
-            changed_.wait(lock, [&] { return !queue_.empty() || reading_done_; });
+            // Woken now and then to record a pause or resume while nothing comes.
+            while (!changed_.wait_for(lock, std::chrono::milliseconds(200),
+                                      [&] { return !queue_.empty() || reading_done_; })) {
+                lock.unlock();
+                note_pause();
+                lock.lock();
+            }
             if (queue_.empty()) return;
             p = std::move(queue_.front());
             queue_.pop_front();
@@ -118,6 +127,18 @@ void log_run::apply_loop() {
         progress_.bytes = p.bytes;
         report();
     }
+}
+
+void log_run::note_pause() {
+    if (!options_.health) return;
+    auto now = options_.health->pause_reason();
+    if (now == noted_pause_) return;
+    if (now) {
+        store_.record_action("pause", *now, "paused: the log follower reads nothing more until resumed");
+    } else {
+        store_.record_action("resume", "", "resumed: the log follower reads on");
+    }
+    noted_pause_ = std::move(now);
 }
 
 void log_run::report() {

@@ -16,6 +16,7 @@
 #include <exception>
 #include <filesystem>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -66,6 +67,11 @@ private:
     // The applying thread (log_run.cpp).
     void apply_loop();
     void report();
+    void note_pause();  // records a pause or resume of options_.health in the audit
+
+    // Paused (options_.health, idem pause): the reader waits at a batch boundary.
+    bool paused() const { return options_.health && options_.health->pause_reason(); }
+    std::optional<std::string> noted_pause_;  // applying thread: the pause the audit last recorded
 
     store& store_;
     const log_run_options& options_;

@@ -170,7 +170,8 @@ bool log_run::read_file(const std::string& source, const std::filesystem::path& 
             ++records_read_;
             if (used_ == batch_.size()) {
                 if (!hand_over_read(false)) return false;
-                if (changed || stopping()) return true;  // Ctrl-C: stop at a batch boundary, its checkpoint committed
+                // Ctrl-C: stop at a batch boundary, its checkpoint committed; a pause waits there.
+                if (changed || stopping() || (follow && paused())) return true;
             }
         }
         return true;
@@ -180,6 +181,9 @@ bool log_run::read_file(const std::string& source, const std::filesystem::path& 
     std::uint64_t rotated_size = reader.size();
     auto grace_ends = clock::now() + rotation_grace_;
     for (;;) {
+        // idem pause: wait at a batch boundary; stopped while paused, read nothing more.
+        while (follow && paused() && !stopping()) std::this_thread::sleep_for(poll_);
+        if (follow && paused()) break;
         if (!changed && unchanged()) {
             try {
                 if (!read_available() || !hand_over_read(false)) return false;

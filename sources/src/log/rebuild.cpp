@@ -70,6 +70,7 @@ void check_operator_actions(const std::filesystem::path& target, const rebuild_o
     } catch (const std::exception&) {
         return;
     }
+    std::erase_if(actions, [](const operator_action& a) { return !a.changes_state(); });  // pauses, resumes
     if (actions.empty()) return;
     std::string listed;
     for (std::size_t i = 0; i < actions.size() && i < 3; ++i) {
@@ -198,6 +199,11 @@ log_run_result rebuild(const rebuild_options& options) {
         throw;
     }
 
+    // An operator's pause (idem pause, DIR/idem.pause) holds for the new store too.
+    if (std::filesystem::exists(target / "idem.pause")) {
+        std::filesystem::copy_file(target / "idem.pause", fresh / "idem.pause",
+                                   std::filesystem::copy_options::overwrite_existing);
+    }
     // Swap in one rename: the target is the old or the new environment, never a mix.
     crash_point("during_swap");
     if (::renameat2(AT_FDCWD, fresh.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) != 0) {

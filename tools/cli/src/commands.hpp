@@ -77,6 +77,8 @@ command backup_command(context_fn t);
 command convert_command();
 /// `parked`, `release`, `redrive` and `audit` (operator_commands.cpp).
 std::vector<command> operator_commands(context_fn t);
+/// `pause` and `resume` (pause.cpp).
+std::vector<command> pause_commands(context_fn t);
 #ifdef IDEM_HTTP
 /// `serve` (serve.cpp): the HTTP source, reads and metrics.
 command serve_command(context_fn t);

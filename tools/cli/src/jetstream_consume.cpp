@@ -9,6 +9,7 @@
 #include "log_run.hpp"
 #include "nats_library.hpp"
 #include "health_file.hpp"
+#include "pause_file.hpp"
 #include "options.hpp"
 #include "text.hpp"
 
@@ -246,6 +247,7 @@ int consume_one(const tool_context& t, const arguments& a) {
     e.add_projections(t.setup);
     applying = &e;
     health_file health{db, [&e] { return e.health(); }};
+    pause_watch paused{db, e.monitor(), record_pauses_in(e)};
     // A run that stops on an error prints its summary too, then the error (exit 2).
     jetstream::source_result r;
     std::exception_ptr failed;

@@ -6,6 +6,7 @@
 #include "json_writer.hpp"
 #include "log_run.hpp"
 #include "options.hpp"
+#include "pause_file.hpp"
 #include "text.hpp"
 
 #include <idem/sources/partition_layout.hpp>
@@ -145,6 +146,13 @@ int stats(const tool_context& t, const arguments& a) {
     json_writer w{out};
     w.begin_object();
     write_state(w, db);
+    // An operator's pause (idem pause), whether a consumer runs or not: the next one starts paused.
+    if (const auto p = read_pause_file(db)) {
+        w.key("pause").begin_object().field("reason", p->reason).field("by", p->by);
+        w.field("at", format_utc(static_cast<std::uint64_t>(p->at_unix_ns))).end_object();
+    } else {
+        w.key("pause").null();
+    }
     w.field("consumer", t.consumer).field("commit", snap.commit());
     const auto tables = snap.consumer(t.consumer);
     auto s = tables.stats();

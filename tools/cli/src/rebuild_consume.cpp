@@ -4,6 +4,7 @@
 #include "commands.hpp"
 #include "interrupt.hpp"
 #include "health_file.hpp"
+#include "pause_file.hpp"
 #include "log_run.hpp"
 #include "options.hpp"
 
@@ -80,10 +81,12 @@ int consume_logs(const tool_context& t, const arguments& a) {
     // A followed log's watchdog: idem stats reads its verdict from DIR/idem.health.
     std::optional<health_monitor> monitor;
     std::optional<health_file> health;
+    std::optional<pause_watch> paused;  // the follower records pauses in the audit itself
     if (o.follow) {
         monitor.emplace(stall_after_from(a));
         o.health = &*monitor;
         health.emplace(o.store.path, [&] { return monitor->report(); });
+        paused.emplace(o.store.path, *monitor);
     }
     auto r = consume(o);
     bar.finish();

@@ -6,6 +6,7 @@
 
 #include "commands.hpp"
 #include "health_file.hpp"
+#include "pause_file.hpp"
 #include "options.hpp"
 
 #include <idem/engine/engine.hpp>
@@ -127,6 +128,7 @@ int serve(const tool_context& t, const arguments& a) {
     e.add_projections(t.setup);
     http::server srv{io.get_executor(), e, so};
     health_file health{db, [&e] { return e.health(); }};
+    pause_watch paused{db, e.monitor(), record_pauses_in(e)};
     const auto at = srv.local_endpoint();
     std::printf("{\"listening\":\"%s:%u\"}\n", at.address().to_string().c_str(), unsigned(at.port()));
     std::fflush(stdout);

@@ -101,6 +101,7 @@ struct tool::impl {
         commands.push_back(detail::convert_command());
         commands.push_back(detail::backup_command(t));
         add(detail::operator_commands(t));
+        add(detail::pause_commands(t));
 #ifdef IDEM_JETSTREAM
         commands.push_back(detail::publish_command());
         commands.push_back(detail::relay_command(t));

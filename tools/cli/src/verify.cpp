@@ -13,6 +13,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cinttypes>
 #include <cstdio>
 
@@ -109,7 +110,9 @@ int verify(const tool_context& t, const arguments& a) {
     }
     if (c.first_difference) {
         // An operator's release, redrive or event-clock changed rows in ways no log says: name it as the likely cause.
-        const auto actions = snap.consumer(t.consumer).operator_actions().size();
+        const auto all = snap.consumer(t.consumer).operator_actions();
+        const auto actions = static_cast<std::size_t>(
+            std::count_if(all.begin(), all.end(), [](const operator_action& x) { return x.changes_state(); }));
         const auto why = actions == 0 ? std::string()
                                       : " (it holds " + std::to_string(actions) + " operator action" +
                                             (actions == 1 ? "" : "s") +

@@ -181,6 +181,23 @@ public:
             token);
     }
 
+    /// Runs fn with the engine's store on the writer thread, between batches: everything
+    /// submitted before it is committed first, nothing submitted after it is applied meanwhile.
+    /// Completes with no error, or the code of the std::system_error fn threw (another exception:
+    /// errc::storage_failed), or the engine's failure. For operator actions on a running engine
+    /// (store::record_action, release, redrive); a commit fn makes is seen by read() and
+    /// subscriptions once it completes.
+    template <boost::asio::completion_token_for<void(std::error_code)> CompletionToken>
+    auto async_operate(std::function<void(store&)> fn, CompletionToken&& token) {
+        return boost::asio::async_initiate<CompletionToken, void(std::error_code)>(
+            [this](auto handler, std::function<void(store&)>&& task) {
+                auto ex = tracked(boost::asio::get_associated_executor(handler, executor_));
+                operate(std::move(task), boost::asio::any_completion_handler<void(std::error_code)>(std::move(handler)),
+                        std::move(ex));
+            },
+            token, std::move(fn));
+    }
+
     /// Completes (with no error) once commit is durable as the durability mode defines, so that
     /// read() then sees it (read-your-writes across threads: an outcome's commit, then this).
     /// The handler is never invoked from within this function, also when the commit is durable
@@ -235,6 +252,8 @@ private:
     void submit(delivery d, boost::asio::any_completion_handler<apply_signature> handler, executor_type ex,
                 std::optional<checkpoint> at = std::nullopt);
     void flush(boost::asio::any_completion_handler<void(std::error_code)> handler, executor_type ex, bool stop);
+    void operate(std::function<void(store&)> task, boost::asio::any_completion_handler<void(std::error_code)> handler,
+                 executor_type ex);
     void wait_commit(std::uint64_t commit, boost::asio::any_completion_handler<void(std::error_code)> handler,
                      executor_type ex);
 

@@ -79,8 +79,11 @@ public:
     /// or "bytes"), and its error ("": its last attempt worked). A source reports as often as it likes.
     void source(std::string_view name, std::uint64_t pending, std::string_view unit = "events",
                 std::string_view error = {});
-    /// Paused by an operator with a reason (set), or not (nullopt).
+    /// Paused by an operator with a reason (set), or not (nullopt). Sources stop fetching at
+    /// their next batch boundary while it is set (idem pause); the watchdog says paused.
     void paused(std::optional<std::string> reason);
+    /// The pause's reason while paused.
+    std::optional<std::string> pause_reason() const;
 
     /// Judges now, reading the highest event time and the parked streams of consumer from s.
     health_report report(const snapshot& s, const std::string& consumer) const;

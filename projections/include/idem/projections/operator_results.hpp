@@ -102,6 +102,9 @@ struct operator_action {
     std::vector<std::uint64_t> sequences{};  ///< released or dropped sequences; redriven dead-letter positions
     std::string note;                        ///< the operator's reason
     std::string summary;                     ///< what happened, in words
+    /// Whether it changed what the store holds (a pause or a resume does not; a rebuild from the
+    /// logs loses nothing by leaving it out).
+    bool changes_state() const { return action != "pause" && action != "resume"; }
 };
 
 }  // namespace idem

@@ -115,6 +115,9 @@ public:
     /// (with note). Throws errc::invalid_argument if the consumer has no event time yet or
     /// time_ns is not before it. Not during a bulk build.
     event_clock_result set_event_time_back(std::uint64_t time_ns, const std::string& note);
+    /// Records in the audit an operator's action that changes nothing the store holds ("pause",
+    /// "resume"), with note and summary, in a commit of its own; returns that commit.
+    std::uint64_t record_action(const std::string& action, const std::string& note, const std::string& summary);
     /// Rewrites every row of an older state version at its projection's current one (through its
     /// migrations), per_step rows per transaction, calling progress after each. Rows are also
     /// migrated when read and rewritten when changed; this is for a store read by older readers

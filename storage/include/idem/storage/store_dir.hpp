@@ -12,7 +12,7 @@
 namespace idem {
 
 /// Returns the entries of dir that are not part of an idem store (data.mdb, lock.mdb, idem.lock,
-/// idem.health, and a creation in progress), sorted; empty if dir does not exist.
+/// idem.health, idem.pause, and a creation in progress), sorted; empty if dir does not exist.
 std::vector<std::string> foreign_files(const std::filesystem::path& dir);
 
 /// Removes dir if it holds only a store's files; throws errc::invalid_argument naming the other

@@ -1,0 +1,147 @@
+// `pause` and `resume`: an operator stops a store's consumer fetching at its next batch boundary
+// (it keeps serving reads and metrics), and lets it go on. The pause is DIR/idem.pause
+// (pause_file.hpp), so it survives a restart; the running consumer records each change in the
+// store's audit, and with no consumer running the command records it itself.
+
+#include "commands.hpp"
+#include "health_file.hpp"
+#include "json_writer.hpp"
+#include "options.hpp"
+#include "pause_file.hpp"
+#include "text.hpp"
+
+#include <idem/storage/writer_lock.hpp>
+
+#include <pwd.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <thread>
+
+namespace idem::cli::detail {
+
+namespace {
+
+std::string who() {
+    char host[256] = "";
+    ::gethostname(host, sizeof host - 1);
+    const passwd* pw = ::getpwuid(::geteuid());
+    return std::string(pw ? pw->pw_name : std::to_string(::geteuid())) + "@" + host + " (pid " +
+           std::to_string(::getpid()) + ")";
+}
+
+std::int64_t unix_now_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+        .count();
+}
+
+// The process writing db, if one does: it must be a consumer that reports its health (and so
+// watches the pause); a writer that does not (a rebuild, which replaces the directory, a prune,
+// a partitioned instance) is refused, so that no pause is taken that nothing honours.
+std::optional<lock_holder> consumer_writing(const tool_context& t, const std::filesystem::path& db,
+                                            std::string_view what) {
+    if (!writer_lock::held(db)) return std::nullopt;
+    const auto holder = writer_lock::holder(db);
+    const auto health = read_health_file(db);
+    if (!health || health->pid != holder.pid) {
+        throw std::system_error(make_error_code(errc::store_locked),
+                                db.string() + " is being written by " + describe(holder) +
+                                    ", which does not " + std::string(what) +
+                                    " (a rebuild, which replaces the store, a prune or a migration): " +
+                                    std::string(what) + " after it ends");
+    }
+    (void)t;
+    return holder;
+}
+
+// Waits until the running consumer's health says (or stops saying) paused.
+bool wait_for_state(const std::filesystem::path& db, bool paused, std::chrono::milliseconds limit) {
+    const auto until = std::chrono::steady_clock::now() + limit;
+    while (std::chrono::steady_clock::now() < until) {
+        const auto h = read_health_file(db);
+        if (!writer_lock::held(db)) return true;  // it ended: the next one starts as the file says
+        if (h && (h->state == "paused") == paused) return true;
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return false;
+}
+
+std::chrono::milliseconds timeout_of(const arguments& a) {
+    const auto d = duration_option(a, "timeout");
+    return d ? std::chrono::duration_cast<std::chrono::milliseconds>(*d) : std::chrono::milliseconds(30000);
+}
+
+int finish(const tool_context& t, const char* command, const std::filesystem::path& db, bool paused,
+           const std::string& reason, const std::string& how) {
+    std::string out;
+    json_writer w{out};
+    w.begin_object().field("paused", paused).field("reason", reason).field("recorded_by", how).end_object();
+    out += "\n";
+    std::fprintf(stderr, "%s %s: %s %s (%s)\n", t.name.c_str(), command, db.c_str(),
+                 paused ? "is paused" : "is resumed", how.c_str());
+    print(out);
+    return 0;
+}
+
+int pause(const tool_context& t, const arguments& a) {
+    const std::filesystem::path db = a.required("db");
+    require_store(db);
+    const auto reason = a.get("reason").value_or("");
+    const auto running = consumer_writing(t, db, "pause");
+    write_pause_file(db, pause_record{reason, who(), unix_now_ns()});
+    if (running) {
+        if (!wait_for_state(db, true, timeout_of(a))) {
+            throw std::system_error(std::make_error_code(std::errc::timed_out),
+                                    "the consumer writing " + db.string() + " (" + describe(*running) +
+                                        ") has not said it is paused within --timeout; " + db.string() +
+                                        "/idem.pause stays, and it pauses at the end of the batch it is in");
+        }
+        return finish(t, "pause", db, true, reason, "the running consumer, " + describe(*running));
+    }
+    // No consumer runs: this records the pause; the next consumer starts paused.
+    auto s = t.open_writer(a, db);
+    s->record_action("pause", reason, "paused while no consumer ran: the next one starts paused");
+    return finish(t, "pause", db, true, reason, "this command; no consumer was running");
+}
+
+int resume(const tool_context& t, const arguments& a) {
+    const std::filesystem::path db = a.required("db");
+    require_store(db);
+    const auto reason = a.get("reason").value_or("");
+    if (!read_pause_file(db)) throw usage_error(db.string() + " is not paused");
+    const auto running = consumer_writing(t, db, "resume");
+    remove_pause_file(db);
+    if (running) {
+        if (!wait_for_state(db, false, timeout_of(a))) {
+            throw std::system_error(std::make_error_code(std::errc::timed_out),
+                                    "the consumer writing " + db.string() + " (" + describe(*running) +
+                                        ") has not said it resumed within --timeout; it reads its pause file "
+                                        "every 200 ms: see idem stats");
+        }
+        return finish(t, "resume", db, false, reason, "the running consumer, " + describe(*running));
+    }
+    auto s = t.open_writer(a, db);
+    s->record_action("resume", reason, "resumed while no consumer ran");
+    return finish(t, "resume", db, false, reason, "this command; no consumer was running");
+}
+
+}  // namespace
+
+std::vector<command> pause_commands(context_fn t) {
+    const option reason{"reason", "TEXT", "why (kept in the audit)"};
+    const option timeout{"timeout", "D", "how long to wait for a running consumer to say it did (default 30s)"};
+    return {
+        command{"pause",
+                "stop the store's consumer fetching at its next batch boundary (it acks what it holds and keeps "
+                "serving reads and metrics; serve answers POST /events 503): until idem resume, across restarts; "
+                "recorded in the audit",
+                {db_option, reason, timeout, wait_option},
+                [t](const arguments& a) { return pause(t(), a); }},
+        command{"resume", "let a paused consumer fetch again; recorded in the audit",
+                {db_option, reason, timeout, wait_option},
+                [t](const arguments& a) { return resume(t(), a); }},
+    };
+}
+
+}  // namespace idem::cli::detail

@@ -1,0 +1,110 @@
+#include "pause_file.hpp"
+
+#include <idem/storage/envelope.hpp>
+#include <idem/storage/store_dir.hpp>
+
+#include <cerrno>
+#include <fstream>
+#include <sstream>
+
+#include <simdjson.h>
+
+namespace idem::cli::detail {
+
+std::optional<pause_record> read_pause_file(const std::filesystem::path& dir) {
+    std::ifstream in{dir / pause_file_name};
+    if (!in) return std::nullopt;
+    std::stringstream buf;
+    buf << in.rdbuf();
+    const auto text = buf.str();
+    pause_record p;
+    simdjson::dom::parser parser;
+    simdjson::dom::element doc;
+    std::string_view reason, by;
+    if (parser.parse(text).get(doc) || doc["reason"].get(reason)) {
+        p.reason = text;
+        return p;
+    }
+    p.reason = reason;
+    if (!doc["by"].get(by)) p.by = by;
+    if (doc["at_unix_ns"].get(p.at_unix_ns)) p.at_unix_ns = 0;
+    return p;
+}
+
+void write_pause_file(const std::filesystem::path& dir, const pause_record& p) {
+    std::string text = "{\"reason\":";
+    append_json_string(text, p.reason);
+    text += ",\"by\":";
+    append_json_string(text, p.by);
+    text += ",\"at_unix_ns\":" + std::to_string(p.at_unix_ns) + "}\n";
+    const auto tmp = dir / (std::string(pause_file_name) + ".tmp");
+    {
+        std::ofstream out{tmp, std::ios::trunc};
+        out << text;
+        if (!out.flush()) {
+            throw std::system_error(errno ? errno : EIO, std::system_category(), "cannot write " + tmp.string());
+        }
+    }
+    std::filesystem::rename(tmp, dir / pause_file_name);
+    sync_dir(dir);
+}
+
+bool remove_pause_file(const std::filesystem::path& dir) {
+    const bool removed = std::filesystem::remove(dir / pause_file_name);
+    if (removed) sync_dir(dir);
+    return removed;
+}
+
+pause_watch::pause_watch(std::filesystem::path dir, health_monitor& monitor,
+                         std::function<void(const std::optional<std::string>&)> on_change,
+                         std::chrono::milliseconds every)
+    : dir_(std::move(dir)), monitor_(monitor), on_change_(std::move(on_change)), every_(every) {
+    if (auto p = read_pause_file(dir_)) seen_ = p->reason;
+    monitor_.paused(seen_);  // a consumer that starts paused fetches nothing
+    thread_ = std::thread([this] {
+        std::unique_lock lock{m_};
+        while (!cv_.wait_for(lock, every_, [this] { return stop_; })) {
+            lock.unlock();
+            look();
+            lock.lock();
+        }
+    });
+}
+
+pause_watch::~pause_watch() {
+    {
+        std::scoped_lock lock{m_};
+        stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+}
+
+std::function<void(const std::optional<std::string>&)> record_pauses_in(engine& e) {
+    return [&e](const std::optional<std::string>& reason) {
+        e.async_operate(
+            [reason](store& s) {
+                if (reason) {
+                    s.record_action("pause", *reason, "paused: the consumer fetches nothing more until resumed");
+                } else {
+                    s.record_action("resume", "", "resumed: the consumer fetches again");
+                }
+            },
+            [](std::error_code) {});  // a failed record leaves the pause in force; stats shows it
+    };
+}
+
+void pause_watch::look() {
+    std::optional<std::string> now;
+    try {
+        if (auto p = read_pause_file(dir_)) now = p->reason;
+    } catch (const std::exception&) {
+        return;  // unreadable for a moment: as it was
+    }
+    if (now == seen_) return;
+    seen_ = now;
+    monitor_.paused(now);
+    if (on_change_) on_change_(now);
+}
+
+}  // namespace idem::cli::detail
