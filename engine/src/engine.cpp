@@ -135,6 +135,7 @@ struct engine::impl {
     void commit(std::vector<pending_apply>& batch);
     void release(std::vector<std::pair<pending_apply, outcome>>& ready, std::error_code ec);
     void finish_marker(pending_marker& marker);
+    void enqueue(pending_marker marker);  // a flush, stop or task, behind what was submitted
     void admit();  // under m
 };
 
@@ -272,30 +273,24 @@ void engine::submit(delivery d, apply_handler handler, executor_type ex, std::op
 }
 
 void engine::operate(std::function<void(store&)> task, marker_handler handler, executor_type ex) {
-    pending_marker marker{std::move(handler), std::move(ex), false, std::move(task)};
-    std::unique_lock lock{impl_->m};
-    impl_->started = true;
-    if (impl_->stopping) {
-        lock.unlock();
-        post_marker(marker, aborted());
-        return;
-    }
-    (impl_->waiting.empty() ? impl_->queue : impl_->waiting).emplace_back(std::move(marker));
-    impl_->cv.notify_one();
+    impl_->enqueue(pending_marker{std::move(handler), std::move(ex), false, std::move(task)});
 }
 
 void engine::flush(marker_handler handler, executor_type ex, bool stop) {
-    pending_marker marker{std::move(handler), std::move(ex), stop};
-    std::unique_lock lock{impl_->m};
-    impl_->started = true;
-    if (impl_->stopping) {
+    impl_->enqueue(pending_marker{std::move(handler), std::move(ex), stop});
+}
+
+void engine::impl::enqueue(pending_marker marker) {
+    std::unique_lock lock{m};
+    started = true;
+    if (stopping) {
         lock.unlock();
         post_marker(marker, aborted());
         return;
     }
-    if (stop) impl_->stopping = true;
-    (impl_->waiting.empty() ? impl_->queue : impl_->waiting).emplace_back(std::move(marker));
-    impl_->cv.notify_one();
+    if (marker.stop) stopping = true;
+    (waiting.empty() ? queue : waiting).emplace_back(std::move(marker));
+    cv.notify_one();
 }
 
 prepared_batch engine::impl::take_spare() {

@@ -89,7 +89,9 @@ def rule_annotations(text):
     return out
 
 
-class follow_test(unittest.TestCase):
+class log_case(unittest.TestCase):
+    """A store db and a log orders.jsonl in a temporary directory."""
+
     def setUp(self):
         self.dir = tempfile.mkdtemp(prefix="idem-health-")
         self.addCleanup(shutil.rmtree, self.dir, True)
@@ -101,6 +103,8 @@ class follow_test(unittest.TestCase):
             for e in events:
                 f.write(json.dumps(e, separators=(",", ":")) + "\n")
 
+
+class follow_test(log_case):
     def test_idle_is_not_stalled_a_parked_gap_is_and_a_silent_consumer_is(self):
         self.append(line("a1", "o1", 5), line("a2", "o1", 7))
         p = subprocess.Popen([IDEM, "consume", "--db", self.db, "--log", self.log, "--follow", "--stall-after", "1s"],
@@ -152,18 +156,7 @@ class follow_test(unittest.TestCase):
         self.assertFalse(os.path.exists(os.path.join(self.db, "idem.health")))
 
 
-class pause_test(unittest.TestCase):
-    def setUp(self):
-        self.dir = tempfile.mkdtemp(prefix="idem-pause-")
-        self.addCleanup(shutil.rmtree, self.dir, True)
-        self.db = os.path.join(self.dir, "db")
-        self.log = os.path.join(self.dir, "orders.jsonl")
-
-    def append(self, *events):
-        with open(self.log, "a") as f:
-            for e in events:
-                f.write(json.dumps(e, separators=(",", ":")) + "\n")
-
+class pause_test(log_case):
     def follow(self):
         return subprocess.Popen([IDEM, "consume", "--db", self.db, "--log", self.log, "--follow"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

@@ -21,25 +21,13 @@ std::int64_t unix_now_ns() {
 
 health_file::health_file(std::filesystem::path dir, std::function<health_report()> judge,
                          std::chrono::milliseconds every)
-    : dir_(std::move(dir)), judge_(std::move(judge)), every_(every) {
-    write();  // there from the start: a reader never finds a running consumer without one
-    thread_ = std::thread([this] {
-        std::unique_lock lock{m_};
-        while (!cv_.wait_for(lock, every_, [this] { return stop_; })) {
-            lock.unlock();
-            write();
-            lock.lock();
-        }
-    });
-}
+    : dir_(std::move(dir)),
+      judge_(std::move(judge)),
+      every_(every),
+      ticker_(every, [this] { write(); }, true) {}  // written at once, then every interval
 
 health_file::~health_file() {
-    {
-        std::scoped_lock lock{m_};
-        stop_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
+    ticker_.stop();
     std::error_code ignored;
     std::filesystem::remove(dir_ / health_file_name, ignored);
 }

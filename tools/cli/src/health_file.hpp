@@ -6,15 +6,14 @@
 
 #include <idem/engine/health.hpp>
 
+#include "periodic.hpp"
+
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
-#include <mutex>
 #include <optional>
 #include <string>
-#include <thread>
 
 namespace idem::cli::detail {
 
@@ -37,10 +36,7 @@ private:
     std::filesystem::path dir_;
     std::function<health_report()> judge_;
     std::chrono::milliseconds every_;
-    std::mutex m_;
-    std::condition_variable cv_;
-    bool stop_ = false;
-    std::thread thread_;
+    periodic ticker_;  // last: it writes through the members above
 };
 
 /// What DIR/idem.health said when read.

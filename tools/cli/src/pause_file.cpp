@@ -11,6 +11,19 @@
 
 namespace idem::cli::detail {
 
+namespace {
+
+// The pause found at start, set on the monitor before anything is fetched: a consumer that
+// starts paused fetches nothing.
+std::optional<std::string> initial(const std::filesystem::path& dir, health_monitor& monitor) {
+    std::optional<std::string> reason;
+    if (auto p = read_pause_file(dir)) reason = p->reason;
+    monitor.paused(reason);
+    return reason;
+}
+
+}  // namespace
+
 std::optional<pause_record> read_pause_file(const std::filesystem::path& dir) {
     std::ifstream in{dir / pause_file_name};
     if (!in) return std::nullopt;
@@ -58,27 +71,11 @@ bool remove_pause_file(const std::filesystem::path& dir) {
 pause_watch::pause_watch(std::filesystem::path dir, health_monitor& monitor,
                          std::function<void(const std::optional<std::string>&)> on_change,
                          std::chrono::milliseconds every)
-    : dir_(std::move(dir)), monitor_(monitor), on_change_(std::move(on_change)), every_(every) {
-    if (auto p = read_pause_file(dir_)) seen_ = p->reason;
-    monitor_.paused(seen_);  // a consumer that starts paused fetches nothing
-    thread_ = std::thread([this] {
-        std::unique_lock lock{m_};
-        while (!cv_.wait_for(lock, every_, [this] { return stop_; })) {
-            lock.unlock();
-            look();
-            lock.lock();
-        }
-    });
-}
-
-pause_watch::~pause_watch() {
-    {
-        std::scoped_lock lock{m_};
-        stop_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-}
+    : dir_(std::move(dir)),
+      monitor_(monitor),
+      on_change_(std::move(on_change)),
+      seen_(initial(dir_, monitor)),
+      ticker_(every, [this] { look(); }) {}
 
 std::function<void(const std::optional<std::string>&)> record_pauses_in(engine& e) {
     return [&e](const std::optional<std::string>& reason) {

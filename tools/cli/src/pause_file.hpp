@@ -6,15 +6,14 @@
 
 #include <idem/engine/engine.hpp>
 
+#include "periodic.hpp"
+
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
-#include <mutex>
 #include <optional>
 #include <string>
-#include <thread>
 
 namespace idem::cli::detail {
 
@@ -43,7 +42,6 @@ public:
     pause_watch(std::filesystem::path dir, health_monitor& monitor,
                 std::function<void(const std::optional<std::string>&)> on_change = {},
                 std::chrono::milliseconds every = std::chrono::milliseconds(200));
-    ~pause_watch();
     pause_watch(const pause_watch&) = delete;
     pause_watch& operator=(const pause_watch&) = delete;
 
@@ -53,12 +51,8 @@ private:
     std::filesystem::path dir_;
     health_monitor& monitor_;
     std::function<void(const std::optional<std::string>&)> on_change_;
-    std::chrono::milliseconds every_;
-    std::optional<std::string> seen_;
-    std::mutex m_;
-    std::condition_variable cv_;
-    bool stop_ = false;
-    std::thread thread_;
+    std::optional<std::string> seen_;  // the ticker's
+    periodic ticker_;  // last: it looks through the members above
 };
 
 /// A pause_watch's on_change for an engine's consumer: records each pause and resume it sees in
