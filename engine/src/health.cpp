@@ -115,7 +115,18 @@ void health_monitor::source(std::string_view name, std::uint64_t pending, std::s
 
 void health_monitor::paused(std::optional<std::string> reason) {
     std::scoped_lock lock{m_};
+    if (reason != paused_) pause_taken_ = false;
     paused_ = std::move(reason);
+}
+
+void health_monitor::pauses_at_boundaries() {
+    std::scoped_lock lock{m_};
+    awaits_pause_ = true;
+}
+
+void health_monitor::pause_taken() {
+    std::scoped_lock lock{m_};
+    if (paused_) pause_taken_ = true;
 }
 
 namespace {
@@ -204,7 +215,7 @@ health_report health_monitor::judge(std::uint64_t event_time, const std::vector<
         r.reason = std::move(why);
         return r;
     };
-    if (paused_) {
+    if (paused_ && (!awaits_pause_ || pause_taken_)) {
         r.state = health_state::paused;
         r.reason = "paused by an operator: " + *paused_;
         return r;

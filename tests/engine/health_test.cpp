@@ -130,6 +130,16 @@ TEST_CASE("a failing source, and input a source does not deliver, are stalled pa
         e.monitor().source("fills.jsonl", 1024, "bytes");
         CHECK(is(e.health(), idem::health_state::running));
     }
+    SUBCASE("paused, by a source that takes the pause at its batch boundary") {
+        e.monitor().pauses_at_boundaries();
+        e.monitor().paused("upgrade");
+        CHECK(!is(e.health(), idem::health_state::paused));  // a fetch in flight may still deliver
+        e.monitor().pause_taken();
+        CHECK(is(e.health(), idem::health_state::paused));
+        e.monitor().paused(std::nullopt);
+        e.monitor().paused("again");  // a new pause is taken anew
+        CHECK(!is(e.health(), idem::health_state::paused));
+    }
     SUBCASE("paused") {
         e.monitor().paused("disk swap");
         const auto r = e.health();

@@ -229,6 +229,7 @@ source::impl::advisory_subscription source::impl::subscribe_advisories() {
 // --- the fetch loop ------------------------------------------------------------------------------
 
 void source::impl::fetch_until_done(engine& e, detail::pull_fetcher& fetcher, std::uint64_t target) {
+    e.monitor().pauses_at_boundaries();
     fetch_loop loop;
     loop.target = target;
     // --until-caught-up waits this long, connected and with nothing delivered, then stops.
@@ -254,6 +255,7 @@ void source::impl::fetch_until_done(engine& e, detail::pull_fetcher& fetcher, st
         }
         if (e.monitor().pause_reason()) {
             // Paused by an operator: nothing more is fetched; what is held completes and is acked.
+            e.monitor().pause_taken();
             std::this_thread::sleep_for(std::chrono::milliseconds(50));
             loop.last_delivery = clock::now();  // --until-caught-up does not count the pause as waiting
             continue;

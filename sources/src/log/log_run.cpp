@@ -33,6 +33,7 @@ log_run_result log_run::run(bool resume, bool follow, std::chrono::milliseconds 
     } reading_while_running{options_.health};
     if (options_.health) {
         options_.health->reader([this] { return store_.read(); }, options_.store.consumer);
+        if (follow) options_.health->pauses_at_boundaries();
         noted_pause_ = options_.health->pause_reason();  // a run that starts paused records nothing
     }
     auto started = clock::now();

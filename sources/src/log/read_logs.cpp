@@ -182,6 +182,7 @@ bool log_run::read_file(const std::string& source, const std::filesystem::path& 
     auto grace_ends = clock::now() + rotation_grace_;
     for (;;) {
         // idem pause: wait at a batch boundary; stopped while paused, read nothing more.
+        if (follow && paused()) options_.health->pause_taken();
         while (follow && paused() && !stopping()) std::this_thread::sleep_for(poll_);
         if (follow && paused()) break;
         if (!changed && unchanged()) {

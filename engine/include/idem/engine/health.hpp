@@ -84,6 +84,12 @@ public:
     void paused(std::optional<std::string> reason);
     /// The pause's reason while paused.
     std::optional<std::string> pause_reason() const;
+    /// Called by a source that fetches in a loop of its own, once before it starts: the
+    /// watchdog then says paused only once that source has taken the pause (pause_taken), so
+    /// that nothing is fetched after paused is reported (a fetch in flight ends first).
+    void pauses_at_boundaries();
+    /// Called by such a source when it stops at a batch boundary because of the pause.
+    void pause_taken();
 
     /// Judges now, reading the highest event time and the parked streams of consumer from s.
     health_report report(const snapshot& s, const std::string& consumer) const;
@@ -116,6 +122,8 @@ private:
     std::optional<clock::time_point> oldest_queued_;
     std::map<std::string, source_state, std::less<>> sources_;
     std::optional<std::string> paused_;
+    bool awaits_pause_ = false;  // a source takes the pause at its boundary (pauses_at_boundaries)
+    bool pause_taken_ = false;
     mutable std::map<std::string, clock::time_point, std::less<>> gaps_seen_;  // stream -> first seen parked
     mutable std::mutex reader_m_;  // held while the reader reads: the store outlives the read
     std::function<snapshot()> read_;
