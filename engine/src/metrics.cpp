@@ -6,9 +6,29 @@
 #include <sys/statvfs.h>
 
 #include <algorithm>
+#include <charconv>
+#include <string>
+#include <type_traits>
 #include <sstream>
 
 namespace idem {
+
+namespace {
+
+// A sample value: integers as they are, doubles in the shortest form that reads back the same
+// (a stream's default 6 digits would print a Unix time as 1.79669e+09, ~1000 s off).
+template <class T>
+std::string num(T v) {
+    if constexpr (std::is_floating_point_v<T>) {
+        char buf[64];
+        const auto r = std::to_chars(buf, buf + sizeof buf, static_cast<double>(v));
+        return std::string(buf, r.ptr);
+    } else {
+        return std::to_string(v);
+    }
+}
+
+}  // namespace
 
 void histogram::add(double v) {
     const auto at = std::lower_bound(bounds.begin(), bounds.end(), v);
@@ -37,7 +57,7 @@ std::string engine::prometheus() const {
     };
     auto metric = [&](const char* name, const char* type, const char* help, auto value) {
         out << "# HELP " << name << ' ' << help << "\n# TYPE " << name << ' ' << type << '\n'
-            << name << label() << ' ' << value << '\n';
+            << name << label() << ' ' << num(value) << '\n';
     };
     out << "# HELP idem_deliveries_total Deliveries completed, by outcome.\n"
         << "# TYPE idem_deliveries_total counter\n";
@@ -55,8 +75,8 @@ std::string engine::prometheus() const {
     metric("idem_waiting", "gauge", "Deliveries held back by the in-flight limit.", s.waiting);
     auto summary = [&](const char* name, const char* help, const distribution& d) {
         out << "# HELP " << name << ' ' << help << "\n# TYPE " << name << " summary\n";
-        out << name << label("quantile=\"0.5\"") << ' ' << d.p50 << '\n';
-        out << name << label("quantile=\"0.99\"") << ' ' << d.p99 << '\n';
+        out << name << label("quantile=\"0.5\"") << ' ' << num(d.p50) << '\n';
+        out << name << label("quantile=\"0.99\"") << ' ' << num(d.p99) << '\n';
         out << name << "_count" << label() << ' ' << d.count << '\n';
     };
     auto buckets = [&](const char* name, const char* help, const histogram& hist) {
@@ -64,12 +84,10 @@ std::string engine::prometheus() const {
         std::uint64_t cumulative = 0;
         for (std::size_t i = 0; i < hist.bounds.size(); ++i) {
             cumulative += hist.counts[i];
-            std::ostringstream le;
-            le << hist.bounds[i];
-            out << name << "_bucket" << label("le=\"" + le.str() + "\"") << ' ' << cumulative << '\n';
+            out << name << "_bucket" << label("le=\"" + num(hist.bounds[i]) + "\"") << ' ' << cumulative << '\n';
         }
         out << name << "_bucket" << label("le=\"+Inf\"") << ' ' << hist.count << '\n';
-        out << name << "_sum" << label() << ' ' << hist.sum << '\n';
+        out << name << "_sum" << label() << ' ' << num(hist.sum) << '\n';
         out << name << "_count" << label() << ' ' << hist.count << '\n';
     };
     summary("idem_batch_size", "Deliveries per committed batch (recent).", s.batch_size);

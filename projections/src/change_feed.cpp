@@ -48,11 +48,33 @@ std::string new_store_id() {
 
 void mark_as_copy(environment& env, std::uint64_t commit) {
     auto meta = env.table(std::string(layout::meta_table));
+    // Every consumer (its counters are in meta) and its checkpoint table, opened before the write.
+    std::vector<std::pair<std::string, MDB_dbi>> checkpoints;
+    {
+        std::vector<std::string> consumers;
+        {
+            read_txn r{env};
+            cursor c{r, meta};
+            const std::string_view prefix = "stats/";
+            for (auto e = c.seek(prefix); e && e->first.starts_with(prefix); e = c.next()) {
+                consumers.emplace_back(e->first.substr(prefix.size()));
+            }
+        }
+        for (const auto& consumer : consumers) {
+            checkpoints.emplace_back(consumer, env.table(layout::checkpoint_table(consumer)));
+        }
+    }
     env.write([&](write_txn& txn) {
         const auto id = txn.get(meta, layout::store_id_key);
         const std::string from = id ? std::string(*id) : std::string();
         txn.put(meta, layout::store_id_key, new_store_id());
         txn.put(meta, layout::copied_from_key, from + " " + std::to_string(commit));
+        for (const auto& [consumer, table] : checkpoints) {
+            cursor c{txn, table};
+            for (auto e = c.first(); e; e = c.next()) {
+                txn.put(meta, layout::copied_checkpoint_key(consumer, e->first), e->second);
+            }
+        }
     });
 }
 
@@ -257,6 +279,13 @@ std::optional<snapshot::store_copy> snapshot::copied_from() const {
     c.store_id = std::string(v->substr(0, space));
     if (space != std::string_view::npos) c.commit = std::strtoull(std::string(v->substr(space + 1)).c_str(), nullptr, 10);
     return c;
+}
+
+std::optional<std::string> snapshot::copied_checkpoint(std::string_view consumer, std::string_view source) const {
+    auto& s = *impl_;
+    const auto meta = s.table(std::string(layout::meta_table));
+    auto v = meta ? s.txn.get(*meta, layout::copied_checkpoint_key(consumer, source)) : std::nullopt;
+    return v ? std::optional<std::string>(std::string(*v)) : std::nullopt;
 }
 
 std::string snapshot::store_id() const {

@@ -54,6 +54,12 @@ std::string named(std::string_view prefix, std::string_view name) {
 }  // namespace
 
 std::string stats_key(std::string_view consumer) { return named("stats/", consumer); }
+std::string copied_checkpoint_key(std::string_view consumer, std::string_view source) {
+    std::string out = named("copied-checkpoint/", consumer);
+    out.push_back('\0');
+    out.append(source);
+    return out;
+}
 std::string clock_key(std::string_view consumer) { return named("clock/", consumer); }
 std::string contrib_floor_key(std::string_view projection) { return named("contrib-floor/", projection); }
 std::string journal_key(std::string_view projection) { return named("journal/", projection); }

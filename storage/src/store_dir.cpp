@@ -22,7 +22,7 @@ std::vector<std::string> foreign_files(const std::filesystem::path& dir) {
         // idem.pause: an operator's pause (idem pause).
         const bool ours = name == "data.mdb" || name == "lock.mdb" || name == writer_lock_file ||
                           name == "idem.health" || name == "idem.health.tmp" || name == "idem.pause" ||
-                          name == "idem.pause.tmp" ||
+                          name.starts_with("idem.pause.tmp") ||
                           (name.starts_with(".create-") && e.is_directory());
         if (!ours) out.push_back(name);
     }

@@ -49,6 +49,12 @@ def stats(db):
     return json.loads(run("stats", "--db", db).stdout)
 
 
+def try_stats(db):
+    """stats, or None while the store cannot be read yet (a consumer creating it)."""
+    p = run("stats", "--db", db, check=False)
+    return json.loads(p.stdout) if p.returncode == 0 else None
+
+
 def wait_for(what, probe, timeout=30):
     """Calls probe() until it returns something true; fails naming what and the last value."""
     until = time.monotonic() + timeout
@@ -63,8 +69,8 @@ def wait_for(what, probe, timeout=30):
 
 def state_is(db, state):
     def probe():
-        s = stats(db)
-        return s if s["state"] == state else None
+        s = try_stats(db)
+        return s if s and s["state"] == state else None
     return probe
 
 
@@ -111,7 +117,7 @@ class follow_test(log_case):
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         try:
             wait_for("the consumer applies the log", lambda: os.path.exists(os.path.join(self.db, "idem.health"))
-                     and stats(self.db)["outcomes"]["applied"] == 2)
+                     and (try_stats(self.db) or {}).get("outcomes", {}).get("applied") == 2)
             s = wait_for("idle once caught up", state_is(self.db, "idle"))
             self.assertEqual(s["reason"], "")
             self.assertEqual(s["health"]["lag_seconds"], 0)
@@ -179,7 +185,7 @@ class pause_test(log_case):
         p = self.follow()
         try:
             wait_for("the first event", lambda: os.path.exists(os.path.join(self.db, "idem.health")) and
-                     self.applied() == 1)
+                     (try_stats(self.db) or {}).get("outcomes", {}).get("applied") == 1)
             out = json.loads(run("pause", "--db", self.db, "--reason", "disk swap").stdout)
             self.assertEqual((out["paused"], out["reason"]), (True, "disk swap"))
             self.assertIn(f"pid {p.pid}", out["recorded_by"])
@@ -202,7 +208,8 @@ class pause_test(log_case):
             self.assertEqual(self.applied(), 1)
             out = json.loads(run("resume", "--db", self.db, "--reason", "swapped").stdout)
             self.assertEqual(out["paused"], False)
-            wait_for("the rest applied once resumed", lambda: self.applied() == 3)
+            wait_for("the rest applied once resumed",
+                     lambda: (try_stats(self.db) or {}).get("outcomes", {}).get("applied") == 3)
             self.assertEqual(stats(self.db)["pause"], None)
         finally:
             self.stop(p)
@@ -217,6 +224,51 @@ class pause_test(log_case):
         self.assertEqual(stats(self.db)["pause"]["reason"], "rebuild")
         run("resume", "--db", self.db)
         self.assertEqual(run("resume", "--db", self.db, check=False).returncode, 1)  # not paused
+
+    def test_a_second_pause_with_another_reason_is_taken_and_said(self):
+        self.append(line("a1", "o1", 5))
+        p = self.follow()
+        try:
+            wait_for("the first event", lambda: os.path.exists(os.path.join(self.db, "idem.health")) and
+                     (try_stats(self.db) or {}).get("outcomes", {}).get("applied") == 1)
+            run("pause", "--db", self.db, "--reason", "first")
+            out = json.loads(run("pause", "--db", self.db, "--reason", "second").stdout)
+            self.assertEqual(out["reason"], "second")
+            self.append(line("a2", "o1", 7))
+            time.sleep(2)
+            s = stats(self.db)
+            self.assertEqual((s["state"], s["reason"]), ("paused", "paused by an operator: second"), s)
+            self.assertGreater(s["health"]["lag_bytes"], 0)  # what waits, while paused
+            self.assertEqual(s["outcomes"]["applied"], 1)
+            # A second follower is refused and leaves the running one's health file alone.
+            second = run("consume", "--db", self.db, "--log", self.log, "--follow", check=False)
+            self.assertEqual(second.returncode, 2, second.stderr)
+            time.sleep(0.5)
+            self.assertEqual(stats(self.db)["state"], "paused")
+            run("resume", "--db", self.db)
+            wait_for("applied once resumed", lambda: (try_stats(self.db) or {}).get("outcomes", {}).get("applied") == 2)
+        finally:
+            self.stop(p)
+        # A consume that would apply and end regardless of the pause is refused.
+        run("pause", "--db", self.db, "--reason", "batch job")
+        refused = run("consume", "--db", self.db, "--log", self.log, check=False)
+        self.assertEqual(refused.returncode, 2, refused.stderr)
+        self.assertIn("is paused (batch job", refused.stderr)
+
+    def test_pause_and_resume_racing_with_no_consumer_leave_the_file_and_the_audit_agreeing(self):
+        self.append(line("a1", "o1", 5))
+        run("consume", "--db", self.db, "--log", self.log)
+        run("pause", "--db", self.db, "--reason", "base")
+        for i in range(6):
+            procs = [subprocess.Popen([IDEM, "resume", "--db", self.db], stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.DEVNULL),
+                     subprocess.Popen([IDEM, "pause", "--db", self.db, "--reason", f"r{i}"],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+            for q in procs:
+                q.wait(60)
+            paused = stats(self.db)["pause"] is not None
+            last = self.audit()[-1][0]
+            self.assertEqual(paused, last == "pause", (i, paused, self.audit()[-3:]))
 
     def test_a_writer_that_does_not_pause_is_refused_and_no_pause_is_left(self):
         import fcntl
@@ -313,6 +365,8 @@ class serve_and_alerts_test(unittest.TestCase):
         self.assertGreater(value(stalled, "idem_oldest_parked_gap_seconds"), 1)
         self.assertGreater(value(stalled, "idem_store_filesystem_size_bytes"), 0)
         self.assertGreater(value(stalled, "idem_commit_duration_seconds_count"), 0)
+        # Doubles are printed whole: a Unix time to the second at least (not 1.79669e+09).
+        self.assertLess(abs(value(stalled, "idem_last_commit_timestamp_seconds") - time.time()), 120)
         dead_before = value(healthy, "idem_deliveries_total", ("outcome", "dead_lettered"))
         dead_after = value(stalled, "idem_deliveries_total", ("outcome", "dead_lettered"))
         self.assertEqual((dead_before, dead_after), (0, 1))

@@ -158,7 +158,10 @@ class durable_restore_test(consume_case):
         print(f"backup at {at}; the durable's floor {state['ack_floor_stream_seq']}, {state['num_ack_pending']} "
               f"held, A acknowledged up to {self.checkpoint(a)} of {last}", file=sys.stderr)
 
-        # The backup restored on the durable consumer: refused, nothing applied.
+        # The backup restored on the durable consumer: refused, nothing applied; also after operator
+        # actions made commits of their own in the copy (a pause and a resume while nothing ran).
+        run("pause", "--db", b, "--reason", "restoring")
+        run("resume", "--db", b)
         before = self.rows(b)
         _, p = self.consume(b, "ORD", "c1", *settings, check=False, timeout=120)
         self.assertEqual(p.returncode, 2, p.stderr)

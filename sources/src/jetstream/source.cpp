@@ -191,13 +191,17 @@ void source::impl::check_ack_floor(engine& e, std::uint64_t position) {
                         "name (it replays the stream into this store), or --accept-stream-reset to go on "
                         "without them");
     }
-    // A restored backup that has committed nothing yet: its checkpoint is the highest sequence it
-    // applied, and messages below it may have been held by a killed run, still unacknowledged
+    // A restored backup resuming the checkpoint it was copied with: that is the highest sequence
+    // it applied, and messages below it may have been held by a killed run, still unacknowledged
     // (so the floor stays below). What the consumer delivered past the checkpoint was applied
-    // and acknowledged by the store this one copies; it never comes again.
+    // and acknowledged by the store this one copies; it never comes again. (Once this source
+    // has committed a checkpoint of its own here, the check is over: pauses and other operator
+    // actions in between do not end it.)
     const auto snap = e.read();
     const auto copied = snap.copied_from();
-    if (copied && snap.commit() == copied->commit && ci->Delivered.Stream > position) {
+    const auto& consumer = e.options().store.consumer;
+    if (copied && snap.copied_checkpoint(consumer, source_name) == snap.checkpoint_value(consumer, source_name) &&
+        ci->Delivered.Stream > position) {
         throw_error(errc::invalid_argument,
                     e.options().store.path.string() + " is a backup of store " + copied->store_id +
                         " taken at commit " + std::to_string(copied->commit) + ", and consumer '" + o.consumer +

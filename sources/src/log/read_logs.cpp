@@ -181,9 +181,14 @@ bool log_run::read_file(const std::string& source, const std::filesystem::path& 
     std::uint64_t rotated_size = reader.size();
     auto grace_ends = clock::now() + rotation_grace_;
     for (;;) {
-        // idem pause: wait at a batch boundary; stopped while paused, read nothing more.
-        if (follow && paused()) options_.health->pause_taken();
-        while (follow && paused() && !stopping()) std::this_thread::sleep_for(poll_);
+        // idem pause: wait at a batch boundary (saying so, and what waits); stopped while
+        // paused, read nothing more.
+        while (follow && paused() && !stopping()) {
+            options_.health->pause_taken();
+            const auto size = reader.size();
+            options_.health->source(source, size > reader.position() ? size - reader.position() : 0, "bytes");
+            std::this_thread::sleep_for(poll_);
+        }
         if (follow && paused()) break;
         if (!changed && unchanged()) {
             try {

@@ -1,5 +1,7 @@
 #include "health_file.hpp"
 
+#include <idem/storage/writer_lock.hpp>
+
 #include <unistd.h>
 
 #include <cstdio>
@@ -28,11 +30,17 @@ health_file::health_file(std::filesystem::path dir, std::function<health_report(
 
 health_file::~health_file() {
     ticker_.stop();
-    std::error_code ignored;
-    std::filesystem::remove(dir_ / health_file_name, ignored);
+    // Only our own: a process that never got the writer lock leaves the holder's file alone.
+    if (const auto r = read_health_file(dir_); r && r->pid == ::getpid()) {
+        std::error_code ignored;
+        std::filesystem::remove(dir_ / health_file_name, ignored);
+    }
 }
 
 void health_file::write() {
+    // Written by the process that holds the store's writer lock only: one that waits for it
+    // (--wait), or is refused, says nothing of the store.
+    if (writer_lock::holder(dir_).pid != ::getpid()) return;
     std::string text;
     try {
         text = "{\"pid\":" + std::to_string(::getpid()) + ",\"written_unix_ns\":" + std::to_string(unix_now_ns()) +
@@ -43,7 +51,7 @@ void health_file::write() {
         return;
     }
     // Best effort: a full disk must not stop the consumer; the reader then sees an old file.
-    const auto tmp = dir_ / (std::string(health_file_name) + ".tmp");
+    const auto tmp = dir_ / (std::string(health_file_name) + ".tmp");  // one writer: the lock's holder
     {
         std::ofstream out{tmp, std::ios::trunc};
         out << text;
@@ -54,6 +62,8 @@ void health_file::write() {
 }
 
 std::optional<health_record> read_health_file(const std::filesystem::path& dir) {
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(dir / health_file_name, ec)) return std::nullopt;  // not a FIFO
     std::ifstream in{dir / health_file_name};
     if (!in) return std::nullopt;
     std::stringstream buf;

@@ -215,6 +215,7 @@ int consume_one(const tool_context& t, const arguments& a) {
     jetstream::source src{so};
 
     const std::filesystem::path db = a.required("db");
+    if (so.until_caught_up) refuse_if_paused(db, "a consume --until-caught-up");
     engine_options eo;
     eo.store = t.store_for(db);
     eo.store.sync = durability_from(a);

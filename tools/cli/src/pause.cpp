@@ -38,30 +38,39 @@ std::int64_t unix_now_ns() {
 
 // The process writing db, if one does: it must be a consumer that reports its health (and so
 // watches the pause); a writer that does not (a rebuild, which replaces the directory, a prune,
-// a partitioned instance) is refused, so that no pause is taken that nothing honours.
-std::optional<lock_holder> consumer_writing(const tool_context& t, const std::filesystem::path& db,
-                                            std::string_view what) {
-    if (!writer_lock::held(db)) return std::nullopt;
-    const auto holder = writer_lock::holder(db);
-    const auto health = read_health_file(db);
-    if (!health || health->pid != holder.pid) {
-        throw std::system_error(make_error_code(errc::store_locked),
-                                db.string() + " is being written by " + describe(holder) +
-                                    ", which does not " + std::string(what) +
-                                    " (a rebuild, which replaces the store, a prune or a migration): " +
-                                    std::string(what) + " after it ends");
+// a partitioned instance) is refused, so that no pause is taken that nothing honours. A consumer
+// that has just taken the lock writes its health file at once: it is given 2 s to.
+std::optional<lock_holder> consumer_writing(const std::filesystem::path& db, std::string_view what) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    for (;;) {
+        if (!writer_lock::held(db)) return std::nullopt;
+        const auto holder = writer_lock::holder(db);
+        const auto health = read_health_file(db);
+        if (health && health->pid == holder.pid) return holder;
+        if (std::chrono::steady_clock::now() >= until) {
+            throw std::system_error(make_error_code(errc::store_locked),
+                                    db.string() + " is being written by " + describe(holder) + ", which does not " +
+                                        std::string(what) +
+                                        " (a rebuild, which replaces the store, a prune or a migration): " +
+                                        std::string(what) + " after it ends");
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
-    (void)t;
-    return holder;
 }
 
-// Waits until the running consumer's health says (or stops saying) paused.
-bool wait_for_state(const std::filesystem::path& db, bool paused, std::chrono::milliseconds limit) {
+// Waits until the running consumer's health, written after since, says paused with reason
+// (want set) or not paused (want unset).
+bool wait_for_state(const std::filesystem::path& db, const std::optional<std::string>& want, std::int64_t since,
+                    std::chrono::milliseconds limit) {
     const auto until = std::chrono::steady_clock::now() + limit;
     while (std::chrono::steady_clock::now() < until) {
-        const auto h = read_health_file(db);
         if (!writer_lock::held(db)) return true;  // it ended: the next one starts as the file says
-        if (h && (h->state == "paused") == paused) return true;
+        const auto h = read_health_file(db);
+        if (h && h->written_unix_ns > since) {
+            if (want ? h->state == "paused" && h->reason == "paused by an operator: " + *want : h->state != "paused") {
+                return true;
+            }
+        }
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
     return false;
@@ -84,23 +93,27 @@ int finish(const tool_context& t, const char* command, const std::filesystem::pa
     return 0;
 }
 
+[[noreturn]] void not_confirmed(const std::filesystem::path& db, const lock_holder& running, const char* what) {
+    throw std::system_error(std::make_error_code(std::errc::timed_out),
+                            "the consumer writing " + db.string() + " (" + describe(running) + ") has not said it " +
+                                what + " within --timeout; it reads its pause file every 200 ms and takes it at the "
+                                "end of the batch in progress: idem stats shows when it has");
+}
+
 int pause(const tool_context& t, const arguments& a) {
     const std::filesystem::path db = a.required("db");
     require_store(db);
     const auto reason = a.get("reason").value_or("");
-    const auto running = consumer_writing(t, db, "pause");
-    write_pause_file(db, pause_record{reason, who(), unix_now_ns()});
-    if (running) {
-        if (!wait_for_state(db, true, timeout_of(a))) {
-            throw std::system_error(std::make_error_code(std::errc::timed_out),
-                                    "the consumer writing " + db.string() + " (" + describe(*running) +
-                                        ") has not said it is paused within --timeout; " + db.string() +
-                                        "/idem.pause stays, and it pauses at the end of the batch it is in");
-        }
+    if (const auto running = consumer_writing(db, "pause")) {
+        const auto at = unix_now_ns();
+        write_pause_file(db, pause_record{reason, who(), at});
+        if (!wait_for_state(db, reason, at, timeout_of(a))) not_confirmed(db, *running, "is paused");
         return finish(t, "pause", db, true, reason, "the running consumer, " + describe(*running));
     }
-    // No consumer runs: this records the pause; the next consumer starts paused.
+    // No consumer runs: under the writer lock (a consumer that starts meanwhile waits for it, or
+    // this is refused, having changed nothing), so that the file and the audit agree.
     auto s = t.open_writer(a, db);
+    write_pause_file(db, pause_record{reason, who(), unix_now_ns()});
     s->record_action("pause", reason, "paused while no consumer ran: the next one starts paused");
     return finish(t, "pause", db, true, reason, "this command; no consumer was running");
 }
@@ -110,18 +123,14 @@ int resume(const tool_context& t, const arguments& a) {
     require_store(db);
     const auto reason = a.get("reason").value_or("");
     if (!read_pause_file(db)) throw usage_error(db.string() + " is not paused");
-    const auto running = consumer_writing(t, db, "resume");
-    remove_pause_file(db);
-    if (running) {
-        if (!wait_for_state(db, false, timeout_of(a))) {
-            throw std::system_error(std::make_error_code(std::errc::timed_out),
-                                    "the consumer writing " + db.string() + " (" + describe(*running) +
-                                        ") has not said it resumed within --timeout; it reads its pause file "
-                                        "every 200 ms: see idem stats");
-        }
+    if (const auto running = consumer_writing(db, "resume")) {
+        const auto at = unix_now_ns();
+        remove_pause_file(db);
+        if (!wait_for_state(db, std::nullopt, at, timeout_of(a))) not_confirmed(db, *running, "resumed");
         return finish(t, "resume", db, false, reason, "the running consumer, " + describe(*running));
     }
     auto s = t.open_writer(a, db);
+    if (!remove_pause_file(db)) throw usage_error(db.string() + " is not paused");
     s->record_action("resume", reason, "resumed while no consumer ran");
     return finish(t, "resume", db, false, reason, "this command; no consumer was running");
 }

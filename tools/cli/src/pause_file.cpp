@@ -1,7 +1,10 @@
 #include "pause_file.hpp"
 
 #include <idem/storage/envelope.hpp>
+#include <idem/storage/error.hpp>
 #include <idem/storage/store_dir.hpp>
+
+#include <unistd.h>
 
 #include <cerrno>
 #include <fstream>
@@ -25,6 +28,11 @@ std::optional<std::string> initial(const std::filesystem::path& dir, health_moni
 }  // namespace
 
 std::optional<pause_record> read_pause_file(const std::filesystem::path& dir) {
+    std::error_code ec;
+    if (!std::filesystem::exists(dir / pause_file_name, ec)) return std::nullopt;
+    // Anything else at the name (a directory, a FIFO) is a pause too, with its kind as the reason:
+    // never opened, so nothing blocks on it.
+    if (!std::filesystem::is_regular_file(dir / pause_file_name, ec)) return pause_record{"(not a file)", "", 0};
     std::ifstream in{dir / pause_file_name};
     if (!in) return std::nullopt;
     std::stringstream buf;
@@ -50,7 +58,8 @@ void write_pause_file(const std::filesystem::path& dir, const pause_record& p) {
     text += ",\"by\":";
     append_json_string(text, p.by);
     text += ",\"at_unix_ns\":" + std::to_string(p.at_unix_ns) + "}\n";
-    const auto tmp = dir / (std::string(pause_file_name) + ".tmp");
+    // A name of this process's own: two commands at once each rename a whole file into place.
+    const auto tmp = dir / (std::string(pause_file_name) + ".tmp-" + std::to_string(::getpid()));
     {
         std::ofstream out{tmp, std::ios::trunc};
         out << text;
@@ -76,6 +85,16 @@ pause_watch::pause_watch(std::filesystem::path dir, health_monitor& monitor,
       on_change_(std::move(on_change)),
       seen_(initial(dir_, monitor)),
       ticker_(every, [this] { look(); }) {}
+
+void refuse_if_paused(const std::filesystem::path& dir, std::string_view run) {
+    const auto p = read_pause_file(dir);
+    if (!p) return;
+    throw std::system_error(make_error_code(errc::invalid_argument),
+                            dir.string() + " is paused (" + (p->reason.empty() ? "no reason given" : p->reason) +
+                                (p->by.empty() ? "" : ", by " + p->by) + "): " + std::string(run) +
+                                " would apply events and end regardless; idem resume --db " + dir.string() +
+                                " first, or follow (--follow) to start paused");
+}
 
 std::function<void(const std::optional<std::string>&)> record_pauses_in(engine& e) {
     return [&e](const std::optional<std::string>& reason) {

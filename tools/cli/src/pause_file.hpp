@@ -55,6 +55,10 @@ private:
     periodic ticker_;  // last: it looks through the members above
 };
 
+/// Refuses (errc::invalid_argument) a run that would apply input and end while DIR is paused (a
+/// consume without --follow, one --until-caught-up): it would ignore the pause or never end.
+void refuse_if_paused(const std::filesystem::path& dir, std::string_view run);
+
 /// A pause_watch's on_change for an engine's consumer: records each pause and resume it sees in
 /// the store's audit, on the engine's writer (engine::async_operate), between batches.
 std::function<void(const std::optional<std::string>&)> record_pauses_in(engine& e);

@@ -82,6 +82,7 @@ int consume_logs(const tool_context& t, const arguments& a) {
     std::optional<health_monitor> monitor;
     std::optional<health_file> health;
     std::optional<pause_watch> paused;  // the follower records pauses in the audit itself
+    if (!o.follow) refuse_if_paused(o.store.path, "a consume without --follow");
     if (o.follow) {
         monitor.emplace(stall_after_from(a));
         o.health = &*monitor;

@@ -196,6 +196,9 @@ public:
     };
     /// Returns what this store is a backup of (idem::backup), if it is one.
     std::optional<store_copy> copied_from() const;
+    /// In a backup: a consumer's checkpoint for a source as it was when copied (as
+    /// checkpoint_value returns it; nullopt if it had none then, or this is no backup).
+    std::optional<std::string> copied_checkpoint(std::string_view consumer, std::string_view source) const;
     /// Returns a consumer's checkpoint for a source, if it has one.
     std::optional<std::uint64_t> checkpoint(std::string_view consumer, std::string_view source) const;
     /// Returns a consumer's checkpoint for a source as stored: the u64 LE position, then its detail.

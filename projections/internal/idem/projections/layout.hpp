@@ -42,6 +42,9 @@ inline constexpr std::string_view copied_from_key = "copied-from";
 inline constexpr std::string_view changes_pruned_key = "changes-pruned";
 /// meta: a consumer's durable counters (consumer_stats).
 std::string stats_key(std::string_view consumer);
+/// meta, in a backup: a consumer's checkpoint for a source as it was copied (its value), so that
+/// a source resuming the copy's own checkpoint is told apart from one that has moved on since.
+std::string copied_checkpoint_key(std::string_view consumer, std::string_view source);
 /// meta: a consumer's retention clock (clock_record).
 std::string clock_key(std::string_view consumer);
 /// meta: the event time below which a projection's contributing sets were pruned, ns, u64 LE.
