@@ -723,6 +723,16 @@ class descriptor_tests(serve_case):
             keep.request("GET", "/metrics")
             text = keep.getresponse().read().decode()
             self.assertRegex(text, r"idem_http_accept_failures_total [1-9]")
+            # Every waiting connection is accepted now (the server's own threads open files now
+            # and then, so one of them may have been accepted before the first failure).
+            deadline = time.monotonic() + 20
+            while True:
+                keep.request("GET", "/metrics")
+                text = keep.getresponse().read().decode()
+                if re.search(r"^idem_http_connections ([4-9]|\d\d+)$", text, re.M):
+                    break
+                self.assertLess(time.monotonic(), deadline, "the waiting connections were not accepted")
+                time.sleep(0.05)
             # The connections that waited in the listen queue are accepted and answered now.
             waiting[0].sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
             self.assertTrue(waiting[0].recv(64).startswith(b"HTTP/1.1 200"))
