@@ -1,5 +1,6 @@
 #include <idem/engine/health.hpp>
 
+#include <idem/storage/duration.hpp>
 #include <idem/storage/envelope.hpp>
 
 #include <algorithm>
@@ -21,11 +22,6 @@ std::string whole_seconds(double s) {
     char buf[32];
     std::snprintf(buf, sizeof buf, "%.0f s", s);
     return buf;
-}
-
-std::int64_t unix_now_ns() {
-    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
-        .count();
 }
 
 void number(std::string& out, const char* key, double v) {
@@ -88,7 +84,7 @@ void health_monitor::batch_ended(bool committed, std::uint64_t commit) {
     batch_since_.reset();
     if (!committed) return;
     last_commit_at_ = clock::now();
-    last_commit_unix_ns_ = unix_now_ns();
+    last_commit_unix_ns_ = static_cast<std::int64_t>(wall_clock_ns());
     last_commit_ = commit;
 }
 
@@ -168,7 +164,7 @@ health_report health_monitor::report() const {
 
 health_report health_monitor::judge(std::uint64_t event_time, const std::vector<parked_stream>& parked) const {
     const auto now = clock::now();
-    const auto wall_ns = unix_now_ns();
+    const auto wall_ns = static_cast<std::int64_t>(wall_clock_ns());
     std::scoped_lock lock{m_};
     health_report r;
     r.event_time_ns = event_time;

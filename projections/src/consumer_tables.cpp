@@ -27,9 +27,7 @@ store::impl::~impl() = default;
 
 std::uint64_t store::impl::wall_now() const {
     if (options.retention.now) return options.retention.now();
-    return static_cast<std::uint64_t>(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
-            .count());
+    return wall_clock_ns();
 }
 
 void store::impl::open_meta() {

@@ -64,6 +64,12 @@ std::string format_duration(std::chrono::nanoseconds d) {
     return out;
 }
 
+std::uint64_t wall_clock_ns() {
+    return static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+            .count());
+}
+
 std::string format_utc(std::uint64_t ns) {
     if (ns == 0) return "-";
     auto t = static_cast<std::time_t>(ns / 1'000'000'000);

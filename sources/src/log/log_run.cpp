@@ -111,13 +111,17 @@ void log_run::apply_loop() {
             changed_.notify_all();
         }
         if (options_.health) options_.health->batch_began(p.batch.size());
+        std::vector<outcome> outcomes;
         try {
-            store_.apply(p.batch, p.at);  // expired entries leave inside each batch's transaction
+            outcomes = store_.apply(p.batch, p.at);  // expired entries leave inside each batch's transaction
         } catch (...) {
             if (options_.health) options_.health->batch_ended(false);
             throw;
         }
-        if (options_.health) options_.health->batch_ended(true, store_.read().commit());
+        if (options_.health) {
+            // The commit each outcome names; a batch of no records (a rotated file's end) reads it.
+            options_.health->batch_ended(true, outcomes.empty() ? store_.last_commit() : outcomes.front().commit);
+        }
         if (p.finishes_file) crash_point("after_rotated_log");
         {
             std::lock_guard lock{mutex_};

@@ -1,6 +1,6 @@
 #include "health_file.hpp"
 
-#include <idem/storage/writer_lock.hpp>
+#include <idem/storage/duration.hpp>
 
 #include <unistd.h>
 
@@ -11,15 +11,6 @@
 #include <simdjson.h>
 
 namespace idem::cli::detail {
-
-namespace {
-
-std::int64_t unix_now_ns() {
-    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
-        .count();
-}
-
-}  // namespace
 
 health_file::health_file(std::filesystem::path dir, std::function<health_report()> judge,
                          std::chrono::milliseconds every)
@@ -43,7 +34,7 @@ void health_file::write() {
     if (writer_lock::holder(dir_).pid != ::getpid()) return;
     std::string text;
     try {
-        text = "{\"pid\":" + std::to_string(::getpid()) + ",\"written_unix_ns\":" + std::to_string(unix_now_ns()) +
+        text = "{\"pid\":" + std::to_string(::getpid()) + ",\"written_unix_ns\":" + std::to_string(wall_clock_ns()) +
                ",\"every_ms\":" + std::to_string(every_.count()) + ",\"health\":" + to_json(judge_()) + "}\n";
     } catch (const std::exception&) {
         // A report that cannot be read (the store is being reopened): the file keeps its last
@@ -83,6 +74,13 @@ std::optional<health_record> read_health_file(const std::filesystem::path& dir) 
     r.reason = reason;
     r.report = simdjson::minify(health);
     return r;
+}
+
+std::optional<store_writer> writer_of(const std::filesystem::path& dir) {
+    if (!writer_lock::held(dir)) return std::nullopt;
+    store_writer w{writer_lock::holder(dir), read_health_file(dir)};
+    if (w.health && w.health->pid != w.holder.pid) w.health.reset();  // another process's, left behind
+    return w;
 }
 
 }  // namespace idem::cli::detail

@@ -5,6 +5,7 @@
 // stops; `idem stats` reads it and says first whether the consumer is stalled.
 
 #include <idem/engine/health.hpp>
+#include <idem/storage/writer_lock.hpp>
 
 #include "periodic.hpp"
 
@@ -51,5 +52,14 @@ struct health_record {
 
 /// Reads DIR/idem.health; nullopt if there is none (or it is not a health file).
 std::optional<health_record> read_health_file(const std::filesystem::path& dir);
+
+/// The process holding a store's writer lock, and the health it reports if it is a consumer
+/// that writes DIR/idem.health (nullopt: a writer that reports none, a rebuild or a prune).
+struct store_writer {
+    lock_holder holder;
+    std::optional<health_record> health;
+};
+/// Returns the writer of DIR; nullopt when no process holds its writer lock.
+std::optional<store_writer> writer_of(const std::filesystem::path& dir);
 
 }  // namespace idem::cli::detail

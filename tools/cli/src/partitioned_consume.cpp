@@ -11,6 +11,7 @@
 
 #include <idem/sources/jetstream_partitions.hpp>
 #include <idem/sources/jetstream_publish.hpp>
+#include <idem/storage/duration.hpp>
 
 #include <chrono>
 #include <cstdio>
@@ -18,12 +19,6 @@
 namespace idem::cli::detail {
 
 namespace {
-
-std::uint64_t wall_ns() {
-    return static_cast<std::uint64_t>(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
-            .count());
-}
 
 // --ack-log in partitioned mode: one JSON line per ack or nak and per lease taken or lost, with
 // the partition and the wall time.
@@ -36,7 +31,7 @@ void write_ack(audit_file& audit, std::uint32_t k, const jetstream::ack_event& e
         .field("msgid", ev.message_id)
         .field("acked", ev.acked)
         .field("outcome", ev.acked ? std::string(to_string(ev.result.kind)) : std::string("error"))
-        .field("time_ns", wall_ns());
+        .field("time_ns", wall_clock_ns());
     w.end_object();
     audit.write_line(std::move(line));
 }
@@ -49,7 +44,7 @@ void write_lease(audit_file& audit, std::uint32_t k, bool owned, std::uint64_t r
         .field("lease", owned ? "taken" : "ended")
         .field("revision", revision)
         .field("why", why)
-        .field("time_ns", wall_ns());
+        .field("time_ns", wall_clock_ns());
     w.end_object();
     audit.write_line(std::move(line));
 }

@@ -10,6 +10,7 @@
 #include "pause_file.hpp"
 #include "text.hpp"
 
+#include <idem/storage/duration.hpp>
 #include <idem/storage/writer_lock.hpp>
 
 #include <pwd.h>
@@ -31,11 +32,6 @@ std::string who() {
            std::to_string(::getpid()) + ")";
 }
 
-std::int64_t unix_now_ns() {
-    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
-        .count();
-}
-
 // The process writing db, if one does: it must be a consumer that reports its health (and so
 // watches the pause); a writer that does not (a rebuild, which replaces the directory, a prune,
 // a partitioned instance) is refused, so that no pause is taken that nothing honours. A consumer
@@ -43,13 +39,12 @@ std::int64_t unix_now_ns() {
 std::optional<lock_holder> consumer_writing(const std::filesystem::path& db, std::string_view what) {
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
     for (;;) {
-        if (!writer_lock::held(db)) return std::nullopt;
-        const auto holder = writer_lock::holder(db);
-        const auto health = read_health_file(db);
-        if (health && health->pid == holder.pid) return holder;
+        const auto writer = writer_of(db);
+        if (!writer) return std::nullopt;
+        if (writer->health) return writer->holder;
         if (std::chrono::steady_clock::now() >= until) {
             throw std::system_error(make_error_code(errc::store_locked),
-                                    db.string() + " is being written by " + describe(holder) + ", which does not " +
+                                    db.string() + " is being written by " + describe(writer->holder) + ", which does not " +
                                         std::string(what) +
                                         " (a rebuild, which replaces the store, a prune or a migration): " +
                                         std::string(what) + " after it ends");
@@ -105,7 +100,7 @@ int pause(const tool_context& t, const arguments& a) {
     require_store(db);
     const auto reason = a.get("reason").value_or("");
     if (const auto running = consumer_writing(db, "pause")) {
-        const auto at = unix_now_ns();
+        const auto at = static_cast<std::int64_t>(wall_clock_ns());
         write_pause_file(db, pause_record{reason, who(), at});
         if (!wait_for_state(db, reason, at, timeout_of(a))) not_confirmed(db, *running, "is paused");
         return finish(t, "pause", db, true, reason, "the running consumer, " + describe(*running));
@@ -113,7 +108,7 @@ int pause(const tool_context& t, const arguments& a) {
     // No consumer runs: under the writer lock (a consumer that starts meanwhile waits for it, or
     // this is refused, having changed nothing), so that the file and the audit agree.
     auto s = t.open_writer(a, db);
-    write_pause_file(db, pause_record{reason, who(), unix_now_ns()});
+    write_pause_file(db, pause_record{reason, who(), static_cast<std::int64_t>(wall_clock_ns())});
     s->record_action("pause", reason, "paused while no consumer ran: the next one starts paused");
     return finish(t, "pause", db, true, reason, "this command; no consumer was running");
 }
@@ -124,7 +119,7 @@ int resume(const tool_context& t, const arguments& a) {
     const auto reason = a.get("reason").value_or("");
     if (!read_pause_file(db)) throw usage_error(db.string() + " is not paused");
     if (const auto running = consumer_writing(db, "resume")) {
-        const auto at = unix_now_ns();
+        const auto at = static_cast<std::int64_t>(wall_clock_ns());
         remove_pause_file(db);
         if (!wait_for_state(db, std::nullopt, at, timeout_of(a))) not_confirmed(db, *running, "resumed");
         return finish(t, "resume", db, false, reason, "the running consumer, " + describe(*running));

@@ -10,10 +10,10 @@
 #include "text.hpp"
 
 #include <idem/sources/partition_layout.hpp>
-#include <idem/storage/writer_lock.hpp>
 #include <idem/storage/duration.hpp>
 #include <idem/storage/event_log.hpp>
 #include <idem/storage/log_position.hpp>
+#include <idem/storage/writer_lock.hpp>
 
 #include <algorithm>
 #include <cstdio>
@@ -114,18 +114,18 @@ void write_log_lag(json_writer& w, const std::filesystem::path& log, const std::
 // running, stalled, paused; stopped: no process writes it; writing: a writer that keeps no health
 // file, a rebuild or a prune) and reason, then its whole report as "health".
 void write_state(json_writer& w, const std::filesystem::path& db) {
-    if (!writer_lock::held(db)) {
+    const auto writer = writer_of(db);
+    if (!writer) {
         w.field("state", "stopped").field("reason", "");
         return;
     }
-    const auto holder = writer_lock::holder(db);
-    const auto file = read_health_file(db);
-    if (!file || file->pid != holder.pid) {
+    const auto& holder = writer->holder;
+    const auto& file = writer->health;
+    if (!file) {
         w.field("state", "writing").field("reason", "written by " + describe(holder) + ", which reports no health");
         return;
     }
-    const auto now_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                            std::chrono::system_clock::now().time_since_epoch()).count();
+    const auto now_ns = static_cast<std::int64_t>(wall_clock_ns());
     const double age = static_cast<double>(now_ns - file->written_unix_ns) / 1e9;
     // Written every second: a file much older means the process no longer gets to write it.
     if (age > std::max(10.0, 5.0 * static_cast<double>(file->every_ms) / 1000.0)) {

@@ -16,6 +16,9 @@ std::optional<std::chrono::nanoseconds> parse_duration(std::string_view text) no
 /// Formats a duration in the largest units that keep it exact ("7d", "1h30m", "250ms"; "0s").
 std::string format_duration(std::chrono::nanoseconds d);
 
+/// Returns the wall clock: ns since the Unix epoch.
+std::uint64_t wall_clock_ns();
+
 /// Formats a time (ns since the Unix epoch) as RFC 3339 UTC to the second ("2026-12-02T10:00:03Z"); "-" for 0 (none).
 std::string format_utc(std::uint64_t ns);
 
