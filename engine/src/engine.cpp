@@ -478,8 +478,9 @@ void engine::impl::commit(std::vector<pending_apply>& batch) {
         counters.last_commit = ready.front().second.commit;
         counters.durable_commit = counters.last_commit;
         batch_sizes.add(static_cast<double>(ready.size()));
-        commit_times.add(seconds_since(started_at));
-        counters.commit_histogram.add(seconds_since(started_at));
+        const double took = seconds_since(started_at);
+        commit_times.add(took);
+        counters.commit_histogram.add(took);
     }
     health->batch_ended(!ec, ec ? 0 : ready.front().second.commit);
     // Subscribers and commit waits learn of it now; they read the feed on their own executors.
@@ -550,7 +551,7 @@ void engine::impl::finish_marker(pending_marker& marker) {
         }
         // A commit the task made is durable as a batch's is: readers and subscriptions learn of it.
         try {
-            const auto commit = st->read().commit();
+            const auto commit = st->last_commit();
             {
                 std::scoped_lock lock{m};
                 counters.last_commit = counters.durable_commit = std::max(counters.durable_commit, commit);
@@ -612,16 +613,12 @@ health_report engine::health() const {
     std::optional<clock::time_point> oldest;
     {
         std::scoped_lock lock{impl_->m};
-        for (const auto& i : impl_->queue) {
-            if (const auto* p = std::get_if<pending_apply>(&i)) {
-                if (!oldest) oldest = p->submitted;
-                ++queued;
-            }
-        }
-        for (const auto& i : impl_->waiting) {
-            if (const auto* p = std::get_if<pending_apply>(&i)) {
-                if (!oldest) oldest = p->submitted;
-                ++queued;
+        for (const auto* items : {&impl_->queue, &impl_->waiting}) {  // in submission order
+            for (const auto& i : *items) {
+                if (const auto* p = std::get_if<pending_apply>(&i)) {
+                    if (!oldest) oldest = p->submitted;
+                    ++queued;
+                }
             }
         }
     }
